@@ -1,0 +1,155 @@
+//! Layouts shared by the BPF programs (`probe-ebpf`) and the user-space tracer (`probe-user`).
+//!
+//! The BPF side is deliberately generic: one entry program and one return program serve every
+//! probed function. What each probe captures is described by a [`ProbeSpec`] that user space
+//! writes into the `PROBE_SPECS` array; the attach cookie of each uprobe is the probe id that
+//! indexes it. Adding a probed function therefore never changes BPF code.
+#![no_std]
+
+/// Bytes of user memory a single event can carry (a C string or a copied struct).
+pub const DATA_LEN: usize = 256;
+/// Number of function arguments captured at entry.
+pub const MAX_ARGS: usize = 6;
+/// Size of the `PROBE_SPECS` array; probe ids are `0..MAX_PROBES`.
+pub const MAX_PROBES: u32 = 64;
+
+/// Kind of a [`RawEvent`].
+pub mod kind {
+    /// A probed function call (entry-only probes, or entry + return).
+    pub const CALL: u16 = 1;
+    /// A traced process created a new process (not a thread); `args[0]` = child pid.
+    pub const FORK: u16 = 2;
+    /// A traced process called execve; `data` = the new program's path.
+    pub const EXEC: u16 = 3;
+    /// The last thread of a traced process exited.
+    pub const EXIT: u16 = 4;
+    /// A traced process opened a file; `data` = the path as passed to openat, `args[0]` = dfd.
+    pub const OPEN: u16 = 5;
+}
+
+/// Bits of [`RawEvent::flags`].
+pub mod event_flags {
+    /// `data` holds a string that did not fit and was cut.
+    pub const DATA_TRUNCATED: u16 = 1 << 0;
+    /// Reading user memory for `data` failed.
+    pub const DATA_FAULT: u16 = 1 << 1;
+    /// Reading the pointer named by `ProbeSpec::deref_arg` at return failed.
+    pub const DEREF_FAULT: u16 = 1 << 2;
+    /// The event carries a return value (`ret` is valid).
+    pub const HAS_RET: u16 = 1 << 3;
+}
+
+/// Bits of [`ProbeSpec::flags`].
+pub mod spec_flags {
+    /// The probe has a uretprobe: entry stores the call, return emits it.
+    pub const WANTS_RETURN: u32 = 1 << 0;
+    /// Copy a NUL-terminated string from the address in `data_arg` at entry.
+    pub const DATA_IS_STRING: u32 = 1 << 1;
+    /// Copy `data_len` raw bytes from the address in `data_arg` at entry.
+    pub const DATA_IS_BYTES: u32 = 1 << 2;
+    /// At return, read the u64 that the pointer argument `deref_arg` points to (out-parameters).
+    pub const DEREF_AT_RETURN: u32 = 1 << 3;
+}
+
+/// What a probe captures, indexed by probe id (the attach cookie).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeSpec {
+    pub flags: u32,
+    /// Argument index holding the address of the string or struct to copy.
+    pub data_arg: u32,
+    /// Byte count for `DATA_IS_BYTES` (at most [`DATA_LEN`]).
+    pub data_len: u32,
+    /// Argument index of the out-pointer read at return.
+    pub deref_arg: u32,
+}
+
+/// One record in the `EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RawEvent {
+    pub kind: u16,
+    pub flags: u16,
+    /// Probe id for [`kind::CALL`].
+    pub probe: u16,
+    /// Valid bytes in `data`.
+    pub data_len: u16,
+    /// Thread-group id (the process id users see).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Reserved; keeps the following u64s aligned.
+    pub cpu: u32,
+    /// CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns) of the entry, or of the event.
+    pub ts_ns: u64,
+    /// CLOCK_MONOTONIC nanoseconds of the return, 0 for entry-only events.
+    pub ret_ts_ns: u64,
+    pub args: [u64; MAX_ARGS],
+    pub ret: u64,
+    /// The value read through `deref_arg` at return.
+    pub deref: u64,
+    pub data: [u8; DATA_LEN],
+}
+
+impl RawEvent {
+    pub const fn zeroed() -> Self {
+        RawEvent {
+            kind: 0,
+            flags: 0,
+            probe: 0,
+            data_len: 0,
+            pid: 0,
+            tid: 0,
+            cpu: 0,
+            ts_ns: 0,
+            ret_ts_ns: 0,
+            args: [0; MAX_ARGS],
+            ret: 0,
+            deref: 0,
+            data: [0; DATA_LEN],
+        }
+    }
+
+    /// The valid part of `data`.
+    pub fn data(&self) -> &[u8] {
+        let n = (self.data_len as usize).min(DATA_LEN);
+        &self.data[..n]
+    }
+}
+
+/// Indexes of the per-CPU `COUNTERS` array.
+pub mod counter {
+    /// Events dropped because the ring buffer was full.
+    pub const RINGBUF_FULL: u32 = 0;
+    /// Calls whose entry could not be stored (pending map full): the return is lost.
+    pub const PENDING_FULL: u32 = 1;
+    /// Returns seen without a stored entry (probe attached mid-call, or entry dropped).
+    pub const ORPHAN_RETURN: u32 = 2;
+    /// Processes that could not be added to the traced set (map full).
+    pub const TRACED_FULL: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
+
+/// Offsets into tracepoint records, read from tracefs `format` files by user space and
+/// handed to the BPF programs as globals, so that a kernel that moves a field still works.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TracepointOffsets {
+    pub newtask_pid: u32,
+    pub newtask_clone_flags: u32,
+    pub exec_filename_loc: u32,
+    pub exit_group_dead: u32,
+    pub openat_dfd: u32,
+    pub openat_filename: u32,
+}
+
+/// Linux `CLONE_THREAD`.
+pub const CLONE_THREAD: u64 = 0x0001_0000;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `repr(C)` structs of integers and byte arrays, every bit pattern valid.
+    unsafe impl aya::Pod for super::RawEvent {}
+    unsafe impl aya::Pod for super::ProbeSpec {}
+    unsafe impl aya::Pod for super::TracepointOffsets {}
+}

@@ -1,0 +1,3 @@
+//! Analyses run in user space over the tracked state.
+
+pub mod leaks;

@@ -1,0 +1,577 @@
+//! Attach planning: finding the objects that hold probed entry points and attaching to them.
+//!
+//! Uprobes are attached per file (inode), for all processes, and the BPF side filters on the
+//! traced set. A probe on a file that no process has mapped yet costs nothing and fires as soon
+//! as a traced process maps it, so the planner attaches *ahead of time* to every candidate it
+//! can predict: the libraries already mapped, the DT_NEEDED closure of the program, and the
+//! known vendor libraries anywhere on the target's search path (LD_LIBRARY_PATH, RUNPATH, the
+//! ld.so cache, the default and Ascend install directories). Libraries it could not predict
+//! (a dlopen of an unusual path) are caught when the target opens or maps them.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    ffi::OsStr,
+    fs,
+    os::unix::{ffi::OsStrExt, fs::MetadataExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::Result;
+use memscope_symbols::{ElfObject, read_maps};
+
+use crate::{
+    bpf::Bpf,
+    probes::{self, Home, KNOWN_LIBRARIES, PROBES},
+};
+
+const DEFAULT_DIRS: [&str; 8] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+const ASCEND_DIRS: [&str; 5] = [
+    "/usr/local/Ascend/driver/lib64",
+    "/usr/local/Ascend/driver/lib64/driver",
+    "/usr/local/Ascend/driver/lib64/common",
+    "/usr/local/Ascend/ascend-toolkit/latest/lib64",
+    "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64",
+];
+
+/// One object that received probes.
+#[derive(Clone, Debug)]
+pub struct AttachedObject {
+    pub path: PathBuf,
+    pub symbols: Vec<&'static str>,
+}
+
+/// The environment a target resolves libraries with.
+#[derive(Clone, Debug, Default)]
+pub struct TargetEnv {
+    pub ld_library_path: Vec<PathBuf>,
+    pub ascend_home: Option<PathBuf>,
+    /// Prefix for paths as the target sees them (`/proc/PID/root` for another mount namespace).
+    pub root: Option<PathBuf>,
+}
+
+impl TargetEnv {
+    /// Our own environment (launch mode: the target inherits it).
+    pub fn current() -> Self {
+        TargetEnv {
+            ld_library_path: std::env::var_os("LD_LIBRARY_PATH")
+                .map(|v| split_paths(v.as_bytes()))
+                .unwrap_or_default(),
+            ascend_home: std::env::var_os("ASCEND_HOME_PATH").map(PathBuf::from),
+            root: None,
+        }
+    }
+
+    /// A running process's environment, from `/proc/PID/environ`.
+    pub fn of_process(pid: u32) -> Self {
+        let mut env = TargetEnv {
+            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
+            ..Default::default()
+        };
+        if let Ok(bytes) = fs::read(format!("/proc/{pid}/environ")) {
+            for var in bytes.split(|b| *b == 0) {
+                if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
+                    env.ld_library_path = split_paths(v);
+                } else if let Some(v) = var.strip_prefix(b"ASCEND_HOME_PATH=") {
+                    env.ascend_home = Some(PathBuf::from(OsStr::from_bytes(v)));
+                }
+            }
+        }
+        env
+    }
+
+    /// The path to open for a path as the target names it.
+    fn host_path(&self, p: &Path) -> PathBuf {
+        match &self.root {
+            Some(root) if p.is_absolute() => {
+                let joined = root.join(p.strip_prefix("/").unwrap_or(p));
+                if joined.exists() {
+                    joined
+                } else {
+                    p.to_path_buf()
+                }
+            }
+            _ => p.to_path_buf(),
+        }
+    }
+}
+
+fn split_paths(v: &[u8]) -> Vec<PathBuf> {
+    v.split(|b| *b == b':' || *b == b';')
+        .filter(|p| !p.is_empty())
+        .map(|p| PathBuf::from(OsStr::from_bytes(p)))
+        .collect()
+}
+
+pub struct Planner {
+    explicit: Vec<PathBuf>,
+    seen_inodes: HashSet<(u64, u64)>,
+    seen_paths: HashSet<PathBuf>,
+    elf_cache: HashMap<PathBuf, Option<Arc<ElfObject>>>,
+    ld_cache: Option<HashMap<String, PathBuf>>,
+    pub attached: Vec<AttachedObject>,
+    /// Things the user should know (missing symbols, unreadable libraries), printed by the caller.
+    pub warnings: Vec<String>,
+    pub debug: Vec<String>,
+    specs_loaded: bool,
+}
+
+impl Planner {
+    pub fn new(explicit: Vec<PathBuf>) -> Self {
+        Planner {
+            explicit,
+            seen_inodes: HashSet::new(),
+            seen_paths: HashSet::new(),
+            elf_cache: HashMap::new(),
+            ld_cache: None,
+            attached: Vec::new(),
+            warnings: Vec::new(),
+            debug: Vec::new(),
+            specs_loaded: false,
+        }
+    }
+
+    fn load_specs(&mut self, bpf: &mut Bpf) -> Result<()> {
+        if !self.specs_loaded {
+            for p in &PROBES {
+                bpf.set_spec(p.id as u16, p.spec)?;
+            }
+            self.specs_loaded = true;
+        }
+        Ok(())
+    }
+
+    /// Libraries given with `--lib`.
+    pub fn attach_explicit(&mut self, bpf: &mut Bpf) -> Result<()> {
+        for lib in self.explicit.clone() {
+            self.consider(bpf, &lib, &lib, true)?;
+        }
+        Ok(())
+    }
+
+    /// Launch mode: everything the program will load that we can predict, before it runs.
+    pub fn plan_launch(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
+        self.attach_explicit(bpf)?;
+        self.attach_closure(bpf, program, env)?;
+        self.attach_known_libraries(bpf, env, &[])?;
+        Ok(())
+    }
+
+    /// Attach mode: what the process has mapped, plus what it may load later.
+    pub fn plan_process(&mut self, bpf: &mut Bpf, pid: u32) -> Result<()> {
+        self.attach_explicit(bpf)?;
+        let env = TargetEnv::of_process(pid);
+        let mut runpaths = Vec::new();
+        self.scan_maps(bpf, pid, &mut runpaths)?;
+        self.attach_known_libraries(bpf, &env, &runpaths)?;
+        Ok(())
+    }
+
+    /// After an exec: the new program and its dependencies, with its own environment.
+    pub fn on_exec(&mut self, bpf: &mut Bpf, pid: u32, path: &Path) -> Result<()> {
+        let env = TargetEnv::of_process(pid);
+        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+        let target = if exe.exists() {
+            exe
+        } else {
+            env.host_path(path)
+        };
+        self.attach_closure(bpf, &target, &env)?;
+        let mut runpaths = Vec::new();
+        if let Some(obj) = self.parse(&target) {
+            runpaths = expand_origin(&obj.runpath, path);
+        }
+        self.attach_known_libraries(bpf, &env, &runpaths)?;
+        self.scan_maps(bpf, pid, &mut Vec::new())
+    }
+
+    /// A traced process opened a file: if it is a shared object, it may be about to be mapped.
+    pub fn on_open(&mut self, bpf: &mut Bpf, pid: u32, dfd: i32, path: &Path) -> Result<()> {
+        let name = path.file_name().map(|n| n.as_bytes()).unwrap_or_default();
+        if !memchr_so(name) {
+            return Ok(());
+        }
+        let full = if path.is_absolute() {
+            TargetEnv::of_process_root(pid).host_path(path)
+        } else if dfd == libc::AT_FDCWD {
+            PathBuf::from(format!("/proc/{pid}/cwd")).join(path)
+        } else {
+            PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
+        };
+        self.consider(bpf, &full, path, false)
+    }
+
+    /// Looks for new file mappings of a process (libraries loaded by means we did not see).
+    pub fn scan_maps(
+        &mut self,
+        bpf: &mut Bpf,
+        pid: u32,
+        runpaths: &mut Vec<PathBuf>,
+    ) -> Result<()> {
+        let Ok(maps) = read_maps(pid) else {
+            return Ok(());
+        };
+        let env = TargetEnv::of_process_root(pid);
+        for m in maps.iter().filter(|m| m.is_executable()) {
+            let Some(path) = &m.path else { continue };
+            let host = if m.deleted {
+                PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            } else {
+                env.host_path(path)
+            };
+            if self.seen_paths.contains(&host) {
+                continue;
+            }
+            if let Some(obj) = self.parse(&host) {
+                runpaths.extend(expand_origin(&obj.runpath, path));
+                runpaths.extend(expand_origin(&obj.rpath, path));
+            }
+            self.consider(bpf, &host, path, false)?;
+        }
+        Ok(())
+    }
+
+    fn attach_closure(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
+        let mut queue = VecDeque::from([(program.to_path_buf(), program.to_path_buf())]);
+        let mut visited = HashSet::new();
+        while let Some((host, shown)) = queue.pop_front() {
+            if !visited.insert(host.clone()) || visited.len() > 512 {
+                continue;
+            }
+            let Some(obj) = self.parse(&host) else {
+                continue;
+            };
+            self.consider(bpf, &host, &shown, false)?;
+            let runpath = expand_origin(&obj.runpath, &shown);
+            let rpath = if obj.runpath.is_empty() {
+                expand_origin(&obj.rpath, &shown)
+            } else {
+                Vec::new()
+            };
+            for needed in &obj.needed {
+                if let Some(found) = self.resolve_library(needed, &rpath, env, &runpath) {
+                    queue.push_back((env.host_path(&found), found));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_known_libraries(
+        &mut self,
+        bpf: &mut Bpf,
+        env: &TargetEnv,
+        extra_dirs: &[PathBuf],
+    ) -> Result<()> {
+        let mut dirs: Vec<PathBuf> = env.ld_library_path.clone();
+        dirs.extend(extra_dirs.iter().cloned());
+        if let Some(home) = &env.ascend_home {
+            dirs.push(home.join("lib64"));
+        }
+        dirs.extend(ASCEND_DIRS.iter().map(PathBuf::from));
+        dirs.extend(DEFAULT_DIRS.iter().map(PathBuf::from));
+        dirs.push(PathBuf::from("/usr/local/lib"));
+        for name in KNOWN_LIBRARIES {
+            if let Some(p) = self.ld_cache().get(name).cloned() {
+                dirs.push(p.parent().map(Path::to_path_buf).unwrap_or_default());
+            }
+        }
+        let mut seen_dirs = HashSet::new();
+        for dir in dirs {
+            if !seen_dirs.insert(dir.clone()) {
+                continue;
+            }
+            for name in KNOWN_LIBRARIES {
+                let shown = dir.join(name);
+                let host = env.host_path(&shown);
+                if host.is_file() {
+                    self.consider(bpf, &host, &shown, false)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the dynamic loader would find `name` (the usual search order).
+    fn resolve_library(
+        &mut self,
+        name: &str,
+        rpath: &[PathBuf],
+        env: &TargetEnv,
+        runpath: &[PathBuf],
+    ) -> Option<PathBuf> {
+        if name.contains('/') {
+            return Some(PathBuf::from(name));
+        }
+        let dirs = rpath
+            .iter()
+            .chain(env.ld_library_path.iter())
+            .chain(runpath.iter())
+            .cloned()
+            .collect::<Vec<_>>();
+        for d in dirs {
+            let p = d.join(name);
+            if env.host_path(&p).is_file() {
+                return Some(p);
+            }
+        }
+        if let Some(p) = self.ld_cache().get(name) {
+            return Some(p.clone());
+        }
+        DEFAULT_DIRS
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| env.host_path(p).is_file())
+    }
+
+    fn ld_cache(&mut self) -> &HashMap<String, PathBuf> {
+        self.ld_cache.get_or_insert_with(read_ld_cache)
+    }
+
+    fn parse(&mut self, host: &Path) -> Option<Arc<ElfObject>> {
+        if let Some(c) = self.elf_cache.get(host) {
+            return c.clone();
+        }
+        let parsed = ElfObject::open(host).ok().map(Arc::new);
+        self.elf_cache.insert(host.to_path_buf(), parsed.clone());
+        parsed
+    }
+
+    /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`).
+    pub fn consider(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        explicit: bool,
+    ) -> Result<()> {
+        self.load_specs(bpf)?;
+        self.seen_paths.insert(host.to_path_buf());
+        let meta = match fs::metadata(host) {
+            Ok(m) => m,
+            Err(e) => {
+                if explicit {
+                    self.warnings
+                        .push(format!("cannot read library {}: {e}", shown.display()));
+                }
+                return Ok(());
+            }
+        };
+        if !meta.is_file() || !self.seen_inodes.insert((meta.dev(), meta.ino())) {
+            return Ok(());
+        }
+        let obj = match ElfObject::open(host) {
+            Ok(o) => o,
+            Err(e) => {
+                if explicit {
+                    self.warnings
+                        .push(format!("cannot use library {}: {e:#}", shown.display()));
+                }
+                return Ok(());
+            }
+        };
+        let file_name = shown
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let is_known = KNOWN_LIBRARIES
+            .iter()
+            .any(|lib| probes::library_matches(&file_name, lib));
+        let mut symbols = Vec::new();
+        for p in &PROBES {
+            let belongs = match p.home {
+                Home::Library(lib) => explicit || probes::library_matches(&file_name, lib),
+                Home::AnyExporter => true,
+            };
+            if !belongs || !obj.exports(p.symbol) {
+                continue;
+            }
+            let Some(sym) = obj.function(p.symbol) else {
+                continue;
+            };
+            match bpf.attach_uprobe(host, sym.file_offset, p.id as u16, p.wants_return()) {
+                Ok(()) => {
+                    symbols.push(p.symbol);
+                    self.debug.push(format!(
+                        "probe {} at {}+{:#x}{}",
+                        p.symbol,
+                        shown.display(),
+                        sym.file_offset,
+                        if p.wants_return() {
+                            " (entry and return)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                Err(e) => self.warnings.push(format!("{e:#}")),
+            }
+        }
+        if is_known {
+            for p in probes::expected_in(&file_name) {
+                if !obj.exports(p.symbol) {
+                    self.warnings.push(format!(
+                        "symbol {} not found in {}: its calls will not be traced",
+                        p.symbol,
+                        shown.display()
+                    ));
+                }
+            }
+        } else if explicit && symbols.is_empty() {
+            self.warnings.push(format!(
+                "library {} exports none of the probed functions",
+                shown.display()
+            ));
+        }
+        if !symbols.is_empty() {
+            self.attached.push(AttachedObject {
+                path: shown.to_path_buf(),
+                symbols,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl TargetEnv {
+    fn of_process_root(pid: u32) -> Self {
+        TargetEnv {
+            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
+            ..Default::default()
+        }
+    }
+}
+
+fn memchr_so(name: &[u8]) -> bool {
+    name.windows(3).any(|w| w == b".so")
+}
+
+/// Expands `$ORIGIN` (and `${ORIGIN}`) against the directory of `object`.
+fn expand_origin(paths: &[String], object: &Path) -> Vec<PathBuf> {
+    let origin = object
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .to_string_lossy()
+        .into_owned();
+    paths
+        .iter()
+        .map(|p| PathBuf::from(p.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin)))
+        .collect()
+}
+
+/// `ldconfig -p`: library name -> path from /etc/ld.so.cache (empty if ldconfig is missing).
+fn read_ld_cache() -> HashMap<String, PathBuf> {
+    let mut map = HashMap::new();
+    for ldconfig in ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"] {
+        let Ok(out) = std::process::Command::new(ldconfig).arg("-p").output() else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let line = line.trim();
+            let Some((name, rest)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some((_, path)) = rest.rsplit_once("=> ") else {
+                continue;
+            };
+            if rest.contains("x86-64") || rest.contains("AArch64") || !rest.contains("libc6,") {
+                map.entry(name.to_string())
+                    .or_insert_with(|| PathBuf::from(path));
+            }
+        }
+        break;
+    }
+    map
+}
+
+/// Finds a program the way execvp would (PATH search for names without a slash).
+pub fn find_program(program: &OsStr) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if program.as_bytes().contains(&b'/') {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(p))
+        .find(|c| c.is_file() && is_executable(c))
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// For a `#!` script, the interpreter it names (so its libraries are planned too).
+pub fn script_interpreter(program: &Path) -> Option<PathBuf> {
+    let head = fs::read(program).ok()?;
+    let line = head.strip_prefix(b"#!")?.split(|b| *b == b'\n').next()?;
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let interp = words.next()?;
+    if interp.ends_with("/env") {
+        return find_program(OsStr::new(words.next()?));
+    }
+    Some(PathBuf::from(interp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origin_and_path_lists() {
+        let got = expand_origin(
+            &["$ORIGIN/../lib".into(), "${ORIGIN}".into(), "/opt".into()],
+            Path::new("/a/bin/prog"),
+        );
+        assert_eq!(
+            got,
+            [
+                PathBuf::from("/a/bin/../lib"),
+                PathBuf::from("/a/bin"),
+                PathBuf::from("/opt")
+            ]
+        );
+        assert_eq!(
+            split_paths(b"/x::/y"),
+            [PathBuf::from("/x"), PathBuf::from("/y")]
+        );
+        assert!(memchr_so(b"libfoo.so.1") && !memchr_so(b"data.json"));
+    }
+
+    #[test]
+    fn finds_programs_and_interpreters() {
+        assert!(find_program(OsStr::new("sh")).is_some());
+        assert!(find_program(OsStr::new("no-such-program-memscope")).is_none());
+        let dir = std::env::temp_dir().join(format!("memscope-attach-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("run.sh");
+        fs::write(&script, "#!/usr/bin/env sh\necho hi\n").unwrap();
+        let interp = script_interpreter(&script).unwrap();
+        assert!(interp.ends_with("sh"));
+        fs::write(&script, "#!/bin/bash -e\n").unwrap();
+        assert_eq!(
+            script_interpreter(&script),
+            Some(PathBuf::from("/bin/bash"))
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ld_cache_has_libc() {
+        let cache = read_ld_cache();
+        if !cache.is_empty() {
+            assert!(cache.contains_key("libc.so.6"));
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Loading the BPF object and the operations user space performs on it: attach tracepoints
+//! and uprobes, describe probes, add processes to the traced set, read the loss counters.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{TracePoint, UProbe, uprobe::UProbeAttachPoint, uprobe::UProbeScope},
+};
+use probe_common::{ProbeSpec, TracepointOffsets, counter};
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
+
+/// Loss and health counters summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub ringbuf_full: u64,
+    pub pending_full: u64,
+    pub orphan_return: u64,
+    pub traced_full: u64,
+}
+
+impl Counters {
+    pub fn lost_events(&self) -> u64 {
+        self.ringbuf_full + self.pending_full
+    }
+}
+
+pub struct Bpf {
+    ebpf: Ebpf,
+    traced: HashMap<MapData, u32, u32>,
+    specs: Array<MapData, ProbeSpec>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl Bpf {
+    /// Loads the programs; `ring_bytes` must be a power of two multiple of the page size.
+    pub fn load(offsets: &TracepointOffsets, ring_bytes: u32) -> Result<(Self, RingBuf<MapData>)> {
+        bump_memlock_rlimit();
+        let mut ebpf = EbpfLoader::new()
+            .override_global("TP_OFFSETS", offsets, true)
+            .map_max_entries("EVENTS", ring_bytes)
+            .load(BPF_OBJECT)
+            .context(
+                "loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)",
+            )?;
+        for (prog, category, name) in [
+            ("task_newtask", "task", "task_newtask"),
+            ("process_exec", "sched", "sched_process_exec"),
+            ("process_exit", "sched", "sched_process_exit"),
+            ("enter_openat", "syscalls", "sys_enter_openat"),
+        ] {
+            let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
+            tp.load()
+                .with_context(|| format!("verifier rejected {prog}"))?;
+            tp.attach(category, name)
+                .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
+        }
+        for prog in ["call_entry", "call_return"] {
+            let up: &mut UProbe = program(&mut ebpf, prog)?.try_into()?;
+            up.load()
+                .with_context(|| format!("verifier rejected {prog}"))?;
+        }
+        let ring = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?)?;
+        let traced = HashMap::try_from(take_map(&mut ebpf, "TRACED")?)?;
+        let specs = Array::try_from(take_map(&mut ebpf, "PROBE_SPECS")?)?;
+        let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)?;
+        Ok((
+            Bpf {
+                ebpf,
+                traced,
+                specs,
+                counters,
+            },
+            ring,
+        ))
+    }
+
+    pub fn set_spec(&mut self, probe: u16, spec: ProbeSpec) -> Result<()> {
+        self.specs
+            .set(probe as u32, spec, 0)
+            .with_context(|| format!("cannot store probe spec {probe}"))
+    }
+
+    /// Attaches the generic entry program (and the return program when `with_return`) at
+    /// `file_offset` of the object at `path`, for all processes: the BPF side filters on the
+    /// traced set, and an inode-wide probe also covers processes that map the file later.
+    pub fn attach_uprobe(
+        &mut self,
+        path: &Path,
+        file_offset: u64,
+        probe: u16,
+        with_return: bool,
+    ) -> Result<()> {
+        let mut progs = vec!["call_entry"];
+        if with_return {
+            // Attach the return probe first so no entry is stored without a return to pair it.
+            progs.insert(0, "call_return");
+        }
+        for prog in progs {
+            let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;
+            let point = UProbeAttachPoint {
+                location: file_offset.into(),
+                cookie: Some(probe as u64),
+            };
+            up.attach(point, path, UProbeScope::AllProcesses)
+                .with_context(|| {
+                    format!(
+                        "cannot attach {prog} at {}+{file_offset:#x}",
+                        path.display()
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Adds a process (and, through the fork tracepoint, its future children) to the traced set.
+    pub fn trace_process(&mut self, pid: u32) -> Result<()> {
+        self.traced
+            .insert(pid, 0, 0)
+            .with_context(|| format!("cannot add pid {pid} to the traced set"))
+    }
+
+    /// The processes currently traced (the BPF side drops a process when its last thread exits).
+    pub fn traced_processes(&self) -> Vec<u32> {
+        self.traced.keys().filter_map(Result::ok).collect()
+    }
+
+    pub fn forget_process(&mut self, pid: u32) {
+        let _ = self.traced.remove(&pid);
+    }
+
+    pub fn counters(&self) -> Counters {
+        let sum = |i: u32| -> u64 {
+            self.counters
+                .get(&i, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        Counters {
+            ringbuf_full: sum(counter::RINGBUF_FULL),
+            pending_full: sum(counter::PENDING_FULL),
+            orphan_return: sum(counter::ORPHAN_RETURN),
+            traced_full: sum(counter::TRACED_FULL),
+        }
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("BPF program {name} missing from the object"))
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .ok_or_else(|| anyhow!("BPF map {name} missing from the object"))
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
+fn bump_memlock_rlimit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
+}

@@ -1,0 +1,312 @@
+//! Raw ring-buffer records to typed events.
+
+use std::path::PathBuf;
+
+use probe_common::{RawEvent, event_flags, kind};
+
+use crate::{hal::DrvMemProp, probes::ProbeId};
+
+/// A probed vendor call, with what the probe captured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    HalAlloc {
+        size: u64,
+        flag: u64,
+        ret: i32,
+        addr: Option<u64>,
+    },
+    HalFree {
+        addr: u64,
+        ret: i32,
+    },
+    HalCreate {
+        size: u64,
+        flag: u64,
+        prop: Option<DrvMemProp>,
+        ret: i32,
+        handle: Option<u64>,
+    },
+    HalRelease {
+        handle: u64,
+        ret: i32,
+    },
+    AclInit {
+        ret: i32,
+    },
+    AclFinalize {
+        ret: i32,
+    },
+    SetDevice {
+        device: i32,
+        ret: i32,
+    },
+    Mark {
+        text: String,
+    },
+    RangeStart {
+        text: String,
+        id: u64,
+    },
+    RangeEnd {
+        id: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallEvent {
+    pub pid: u32,
+    pub tid: u32,
+    /// CLOCK_MONOTONIC ns at which the call took effect: the return of an allocation, the
+    /// entry of a free (so a free and a racing reuse of the address order correctly).
+    pub ts_mono: u64,
+    pub call: Call,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded {
+    Call(CallEvent),
+    Fork {
+        parent: u32,
+        child: u32,
+        ts_mono: u64,
+    },
+    Exec {
+        pid: u32,
+        path: PathBuf,
+        ts_mono: u64,
+    },
+    Exit {
+        pid: u32,
+        ts_mono: u64,
+    },
+    Open {
+        pid: u32,
+        dfd: i32,
+        path: PathBuf,
+        ts_mono: u64,
+    },
+}
+
+impl Decoded {
+    pub fn ts_mono(&self) -> u64 {
+        match self {
+            Decoded::Call(c) => c.ts_mono,
+            Decoded::Fork { ts_mono, .. }
+            | Decoded::Exec { ts_mono, .. }
+            | Decoded::Exit { ts_mono, .. }
+            | Decoded::Open { ts_mono, .. } => *ts_mono,
+        }
+    }
+}
+
+/// Copies a record out of the ring buffer. `None` for short or unknown records.
+pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
+    if bytes.len() < std::mem::size_of::<RawEvent>() {
+        return None;
+    }
+    // SAFETY: length checked; RawEvent is plain integers, any bit pattern is valid.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const RawEvent) })
+}
+
+pub fn decode(raw: &RawEvent) -> Option<Decoded> {
+    let text = || String::from_utf8_lossy(raw.data()).into_owned();
+    let path =
+        || PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(raw.data()));
+    match raw.kind {
+        kind::CALL => decode_call(raw).map(Decoded::Call),
+        kind::FORK => Some(Decoded::Fork {
+            parent: raw.pid,
+            child: raw.args[0] as u32,
+            ts_mono: raw.ts_ns,
+        }),
+        kind::EXEC => Some(Decoded::Exec {
+            pid: raw.pid,
+            path: path(),
+            ts_mono: raw.ts_ns,
+        }),
+        kind::EXIT => Some(Decoded::Exit {
+            pid: raw.pid,
+            ts_mono: raw.ts_ns,
+        }),
+        kind::OPEN => {
+            let _ = text;
+            Some(Decoded::Open {
+                pid: raw.pid,
+                dfd: raw.args[0] as i32,
+                path: path(),
+                ts_mono: raw.ts_ns,
+            })
+        }
+        _ => None,
+    }
+}
+
+fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
+    let id = ProbeId::from_raw(raw.probe)?;
+    let ret = raw.ret as i32;
+    let has_ret = raw.flags & event_flags::HAS_RET != 0;
+    let deref = (raw.flags & event_flags::DEREF_FAULT == 0).then_some(raw.deref);
+    let text = || {
+        if raw.flags & event_flags::DATA_FAULT != 0 {
+            String::new()
+        } else {
+            String::from_utf8_lossy(raw.data()).into_owned()
+        }
+    };
+    let (call, ts) = match id {
+        ProbeId::HalMemAlloc => (
+            Call::HalAlloc {
+                size: raw.args[1],
+                flag: raw.args[2],
+                ret,
+                addr: deref,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::HalMemFree => (
+            Call::HalFree {
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::HalMemCreate => (
+            Call::HalCreate {
+                size: raw.args[1],
+                flag: raw.args[3],
+                prop: (raw.flags & event_flags::DATA_FAULT == 0)
+                    .then(|| DrvMemProp::from_bytes(raw.data()))
+                    .flatten(),
+                ret,
+                handle: deref,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::HalMemRelease => (
+            Call::HalRelease {
+                handle: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::AclInit => (Call::AclInit { ret }, raw.ret_ts_ns),
+        ProbeId::AclFinalize => (Call::AclFinalize { ret }, raw.ts_ns),
+        ProbeId::AclrtSetDevice => (
+            Call::SetDevice {
+                device: raw.args[0] as i32,
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::MstxMarkA => (Call::Mark { text: text() }, raw.ts_ns),
+        ProbeId::MstxRangeStartA => (
+            Call::RangeStart {
+                text: text(),
+                id: raw.ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::MstxRangeEnd => (Call::RangeEnd { id: raw.args[0] }, raw.ts_ns),
+    };
+    if id_wants_return(id) && !has_ret {
+        return None;
+    }
+    Some(CallEvent {
+        pid: raw.pid,
+        tid: raw.tid,
+        ts_mono: if ts == 0 { raw.ts_ns } else { ts },
+        call,
+    })
+}
+
+fn id_wants_return(id: ProbeId) -> bool {
+    crate::probes::PROBES
+        .iter()
+        .find(|p| p.id == id)
+        .is_some_and(|p| p.wants_return())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call_raw(id: ProbeId) -> RawEvent {
+        let mut r = RawEvent::zeroed();
+        r.kind = kind::CALL;
+        r.probe = id as u16;
+        r.pid = 10;
+        r.tid = 11;
+        r.ts_ns = 100;
+        r.ret_ts_ns = 200;
+        r.flags = event_flags::HAS_RET;
+        r
+    }
+
+    #[test]
+    fn alloc_uses_return_time_and_out_pointer() {
+        let mut r = call_raw(ProbeId::HalMemAlloc);
+        r.args = [0x7000, 4096, 1 | (1 << 10), 0, 0, 0];
+        r.deref = 0x12c0_0000_0000;
+        let Some(Decoded::Call(c)) = decode(&r) else {
+            panic!()
+        };
+        assert_eq!(c.ts_mono, 200);
+        assert_eq!(
+            c.call,
+            Call::HalAlloc {
+                size: 4096,
+                flag: 1 | (1 << 10),
+                ret: 0,
+                addr: Some(0x12c0_0000_0000)
+            }
+        );
+        r.flags |= event_flags::DEREF_FAULT;
+        let Some(Decoded::Call(c)) = decode(&r) else {
+            panic!()
+        };
+        assert!(matches!(c.call, Call::HalAlloc { addr: None, .. }));
+    }
+
+    #[test]
+    fn free_uses_entry_time_and_negative_codes_survive() {
+        let mut r = call_raw(ProbeId::HalMemFree);
+        r.args[0] = 0xabc;
+        r.ret = (-1i64) as u64;
+        let Some(Decoded::Call(c)) = decode(&r) else {
+            panic!()
+        };
+        assert_eq!(c.ts_mono, 100);
+        assert_eq!(
+            c.call,
+            Call::HalFree {
+                addr: 0xabc,
+                ret: -1
+            }
+        );
+    }
+
+    #[test]
+    fn mark_text_and_short_records() {
+        let mut r = call_raw(ProbeId::MstxMarkA);
+        r.flags = 0;
+        r.data[..5].copy_from_slice(b"hello");
+        r.data_len = 5;
+        let Some(Decoded::Call(c)) = decode(&r) else {
+            panic!()
+        };
+        assert_eq!(
+            c.call,
+            Call::Mark {
+                text: "hello".into()
+            }
+        );
+        assert!(raw_from_bytes(&[0u8; 16]).is_none());
+        let mut unknown = r;
+        unknown.probe = 63;
+        assert!(decode(&unknown).is_none());
+        // A return-probe call that arrived without its return is not trusted.
+        let mut half = call_raw(ProbeId::HalMemAlloc);
+        half.flags = 0;
+        assert!(decode(&half).is_none());
+    }
+}

@@ -1,0 +1,276 @@
+//! memscope-bpf: trace an unmodified process's NPU memory through eBPF uprobes on the vendor
+//! libraries, and write msMemScope-compatible dumps and a leak report.
+//!
+//! Layout: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load, attach)
+//! -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state, rows)
+//! -> `output` (files) and `analysis` (leaks).
+
+mod analysis;
+mod attach;
+mod bpf;
+mod cli;
+mod decode;
+mod hal;
+mod launch;
+mod log;
+mod output;
+mod probes;
+mod session;
+mod tracefs;
+mod tracker;
+
+use std::{ffi::OsString, path::PathBuf, process::ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    attach::{Planner, TargetEnv},
+    cli::{DataFormat, Mode, Options},
+    session::{EndReason, Session, SessionConfig},
+    tracker::TrackOptions,
+};
+
+/// Exit code for a usage error (bad option, missing pid or program, bad output directory).
+const EXIT_USAGE: u8 = 2;
+/// Exit code when tracing itself could not start (not root, BPF load failure).
+const EXIT_FAILURE: u8 = 1;
+
+fn main() -> ExitCode {
+    let opts = match cli::parse_from(std::env::args_os()) {
+        Ok(o) => o,
+        Err(e) if e.exit_code == 0 => {
+            println!("{}", e.message);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("memscope-bpf: {}", e.message);
+            return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
+        }
+    };
+    log::set_level(opts.log_level);
+    for w in &opts.warnings {
+        log::warn(w);
+    }
+    match run(opts) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let usage = e.downcast_ref::<UsageError>().is_some();
+            eprintln!("memscope-bpf: error: {e:#}");
+            ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
+        }
+    }
+}
+
+/// An error in what the user asked for (as opposed to a failure of the machine).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+fn run(opts: Options) -> Result<u8> {
+    if let Mode::Compare { .. } = opts.mode {
+        return Err(usage("--compare is not available in this version yet"));
+    }
+    if opts.format == DataFormat::Db {
+        return Err(usage(
+            "--format=db is not available in this version yet; use --format=csv",
+        ));
+    }
+    for (given, what) in [
+        (!opts.steps.is_empty(), "--steps"),
+        (
+            opts.call_stack.c_depth.is_some() || opts.call_stack.python_depth.is_some(),
+            "--call-stack",
+        ),
+        (opts.watch.is_some(), "--watch"),
+        (
+            opts.analysis.decompose
+                || opts.analysis.inefficient
+                || opts.analysis.oom_top_k.is_some(),
+            "--analysis other than leaks",
+        ),
+    ] {
+        if given {
+            log::warn(&format!(
+                "{what} is accepted for compatibility but not implemented yet; ignored"
+            ));
+        }
+    }
+
+    // Resolve what to run before anything irreversible happens.
+    let launch = match &opts.mode {
+        Mode::Launch { program, args } => {
+            let resolved = attach::find_program(program).ok_or_else(|| {
+                usage(format!(
+                    "program not found or not executable: {}",
+                    program.to_string_lossy()
+                ))
+            })?;
+            let mut argv: Vec<OsString> = vec![program.clone()];
+            argv.extend(args.iter().cloned());
+            Some((resolved, argv))
+        }
+        _ => None,
+    };
+    output::fsutil::check_writable(&opts.output_dir)
+        .map_err(|e| usage(format!("invalid output directory: {e:#}")))?;
+
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "memscope-bpf needs root (CAP_BPF and CAP_PERFMON) to load BPF programs; run it with sudo"
+        );
+    }
+    let tracefs = tracefs::ensure_mounted()?;
+    let offsets = tracefs::read_offsets(tracefs)?;
+    let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
+    let mut planner = Planner::new(opts.libs.clone());
+
+    let child = match (&opts.mode, launch) {
+        (Mode::Launch { .. }, Some((program, argv))) => {
+            launch::become_subreaper();
+            let gated = launch::spawn_gated(&program, &argv)?;
+            let pid = gated.pid;
+            let setup = (|| -> Result<()> {
+                bpf.trace_process(pid)?;
+                let env = TargetEnv::current();
+                planner.plan_launch(&mut bpf, &program, &env)?;
+                if let Some(interp) = attach::script_interpreter(&program) {
+                    planner.plan_launch(&mut bpf, &interp, &env)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = setup {
+                gated.abort();
+                return Err(e);
+            }
+            report_plan(&mut planner);
+            log::info(&format!("tracing {} (pid {pid})", program.display()));
+            gated.release()?;
+            Some(pid)
+        }
+        (Mode::Attach { pid }, _) => {
+            let pid = *pid;
+            bpf.trace_process(pid)?;
+            planner
+                .plan_process(&mut bpf, pid)
+                .with_context(|| format!("cannot plan probes for pid {pid}"))?;
+            report_plan(&mut planner);
+            if !session::process_alive(pid) {
+                return Err(usage(format!(
+                    "process {pid} exited before tracing started"
+                )));
+            }
+            log::info(&format!(
+                "attached to pid {pid}; Ctrl-C detaches and writes the results"
+            ));
+            None
+        }
+        _ => unreachable!("compare handled above"),
+    };
+
+    let cfg = SessionConfig {
+        output_dir: opts.output_dir.clone(),
+        config_json: cli::config_json(&opts),
+        track: TrackOptions {
+            dump: opts.dump_events,
+            devices: opts.devices,
+        },
+        leaks: opts.analysis.leaks,
+        child,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
+
+    print_summary(&result, &opts.output_dir);
+    Ok(match result.end {
+        EndReason::Signal(sig) => 128 + sig as u8,
+        EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
+    })
+}
+
+fn report_plan(planner: &mut Planner) {
+    for w in planner.warnings.drain(..) {
+        log::warn(&w);
+    }
+    for d in planner.debug.drain(..) {
+        log::debug(&d);
+    }
+    if planner.attached.is_empty() {
+        log::warn(
+            "no probed library found yet; probes are added when the target loads one (or use --lib)",
+        );
+    }
+    for a in &planner.attached {
+        log::debug(&format!("{}: {}", a.path.display(), a.symbols.join(", ")));
+    }
+}
+
+fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path) {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for (pid, stats, rows, dir) in &r.processes {
+        log::info(&format!(
+            "pid {pid}: {rows} rows; {} malloc, {} free, {} create, {} release, {} mark, {} range",
+            stats.mallocs, stats.frees, stats.creates, stats.releases, stats.marks, stats.ranges
+        ));
+        if stats.unmatched_frees > 0 {
+            log::warn(&format!(
+                "pid {pid}: {} free(s) of addresses never seen allocated (allocated before tracing started?)",
+                stats.unmatched_frees
+            ));
+        }
+        if stats.failed_allocs > 0 || stats.failed_frees > 0 {
+            log::info(&format!(
+                "pid {pid}: {} failed allocation(s), {} failed free(s) (not written as rows)",
+                stats.failed_allocs, stats.failed_frees
+            ));
+        }
+        if stats.double_mallocs > 0 {
+            log::warn(&format!(
+                "pid {pid}: {} allocation(s) returned an address still live (a free was missed)",
+                stats.double_mallocs
+            ));
+        }
+        if *rows > 0 {
+            dirs.push(dir.clone());
+        }
+    }
+    if !r.leaks.is_empty() {
+        for line in analysis::leaks::format_report(&r.leaks, 20).lines() {
+            log::info(line);
+        }
+    }
+    let c = r.counters;
+    if c.lost_events() > 0 {
+        log::warn(&format!(
+            "{} event(s) lost: {} ring buffer full, {} calls in flight overflow",
+            c.lost_events(),
+            c.ringbuf_full,
+            c.pending_full
+        ));
+    } else {
+        log::info(&format!("{} events, none lost", r.events));
+    }
+    if dirs.is_empty() {
+        log::info(&format!(
+            "no memory events recorded; nothing written under {}",
+            output_dir.display()
+        ));
+    } else {
+        for d in dirs {
+            log::info(&format!("results: {}", d.display()));
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `memscope_dump_<ts>.csv`, written row by row as events arrive (time order), one file per
+//! device of each traced process.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+
+use super::{DeviceKey, fsutil, local_timestamp};
+
+pub const CSV_HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
+
+/// One output row; `id` is assigned by the writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub event: &'static str,
+    pub event_type: &'static str,
+    /// Already formatted (`N/A`, or a quoted MSTX message).
+    pub name: String,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub device: DeviceKey,
+    pub ptr: Option<u64>,
+    /// The inside of the braces, e.g. `allocation_id:1,addr:0x...`; empty for no Attr.
+    pub attr: String,
+}
+
+impl Row {
+    fn format(&self, id: u64) -> String {
+        let ptr = match self.ptr {
+            Some(p) => format!("0x{p:016x}"),
+            None => "N/A".to_string(),
+        };
+        let attr = if self.attr.is_empty() {
+            String::new()
+        } else {
+            format!("\"{{{}}}\"", self.attr)
+        };
+        format!(
+            "{id},{},{},{},{},{},{},{},{ptr},{attr},,\n",
+            self.event, self.event_type, self.name, self.ts_ns, self.pid, self.tid, self.device
+        )
+    }
+}
+
+/// Quotes a free-text field (an MSTX message) the way msMemScope does, `"..."`, doubling any
+/// quote inside so CSV readers still split the row correctly.
+pub fn quote_text(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    format!("\"{}\"", clean.replace('"', "\"\""))
+}
+
+struct DeviceFile {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+/// Everything written for one traced process.
+pub struct ProcessOutput {
+    pid: u32,
+    output_root: PathBuf,
+    process_dir: PathBuf,
+    config_json: String,
+    created: bool,
+    files: BTreeMap<DeviceKey, DeviceFile>,
+    /// Rows not tied to a device, copied into each device file (also ones created later).
+    na_rows: Vec<(u64, Row)>,
+    next_id: u64,
+    rows_written: u64,
+}
+
+impl ProcessOutput {
+    pub fn new(output_root: &Path, pid: u32, config_json: String) -> Self {
+        let process_dir =
+            output_root.join(format!("msmemscope_{pid}_{}_ascend", local_timestamp()));
+        ProcessOutput {
+            pid,
+            output_root: output_root.to_path_buf(),
+            process_dir,
+            config_json,
+            created: false,
+            files: BTreeMap::new(),
+            na_rows: Vec::new(),
+            next_id: 0,
+            rows_written: 0,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn process_dir(&self) -> &Path {
+        &self.process_dir
+    }
+
+    pub fn rows_written(&self) -> u64 {
+        self.rows_written
+    }
+
+    /// The device directories that have a dump file, with the dump directory path.
+    pub fn dump_dirs(&self) -> Vec<(DeviceKey, PathBuf)> {
+        self.files
+            .iter()
+            .map(|(k, f)| {
+                (
+                    *k,
+                    f.path.parent().unwrap_or(&self.process_dir).to_path_buf(),
+                )
+            })
+            .collect()
+    }
+
+    pub fn dump_files(&self) -> Vec<PathBuf> {
+        self.files.values().map(|f| f.path.clone()).collect()
+    }
+
+    fn ensure_process_dir(&mut self) -> Result<()> {
+        if self.created {
+            return Ok(());
+        }
+        fsutil::create_dir_secure(&self.output_root, &self.process_dir)?;
+        let mut cfg = fsutil::create_file_secure(&self.process_dir.join("config.json"))?;
+        cfg.write_all(self.config_json.as_bytes())?;
+        self.created = true;
+        Ok(())
+    }
+
+    /// A directory for per-device side files (leak reports), created on demand.
+    pub fn device_dump_dir(&mut self, device: DeviceKey) -> Result<PathBuf> {
+        self.ensure_process_dir()?;
+        let name = device
+            .dir_name()
+            .unwrap_or_else(|| "device_N-A".to_string());
+        let dir = self.process_dir.join(name).join("dump");
+        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        Ok(dir)
+    }
+
+    fn file_for(&mut self, device: DeviceKey) -> Result<&mut DeviceFile> {
+        if !self.files.contains_key(&device) {
+            let dir = self.device_dump_dir(device)?;
+            let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
+            let file = fsutil::create_file_secure(&path)?;
+            let mut out = BufWriter::with_capacity(256 * 1024, file);
+            writeln!(out, "{CSV_HEADER}")?;
+            // Device-less rows seen so far come first, with the ids they were given: they
+            // happened before this device's first event, so the file stays in time order.
+            for (id, row) in &self.na_rows {
+                out.write_all(row.format(*id).as_bytes())?;
+            }
+            self.files.insert(device, DeviceFile { path, out });
+        }
+        Ok(self.files.get_mut(&device).expect("inserted above"))
+    }
+
+    /// Writes a row: to its device file, or for device-less rows to every device file.
+    pub fn write(&mut self, row: Row) -> Result<()> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.rows_written += 1;
+        if row.device == DeviceKey::NotApplicable {
+            let line = row.format(id);
+            for f in self.files.values_mut() {
+                f.out.write_all(line.as_bytes())?;
+            }
+            self.na_rows.push((id, row));
+            return Ok(());
+        }
+        let line = row.format(id);
+        let f = self.file_for(row.device)?;
+        f.out
+            .write_all(line.as_bytes())
+            .with_context(|| format!("cannot write {}", f.path.display()))
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        for f in self.files.values_mut() {
+            f.out
+                .flush()
+                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Rows not tied to a device that no device file received (the process never touched a
+    /// device): written to `device_N-A` so nothing is lost.
+    pub fn finish(&mut self) -> Result<()> {
+        if self.files.is_empty() && !self.na_rows.is_empty() {
+            let dir = self.device_dump_dir(DeviceKey::NotApplicable)?;
+            let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
+            let file = fsutil::create_file_secure(&path)?;
+            let mut out = BufWriter::new(file);
+            writeln!(out, "{CSV_HEADER}")?;
+            for (id, row) in &self.na_rows {
+                out.write_all(row.format(*id).as_bytes())?;
+            }
+            self.files
+                .insert(DeviceKey::NotApplicable, DeviceFile { path, out });
+        }
+        self.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(device: DeviceKey, event: &'static str) -> Row {
+        Row {
+            event,
+            event_type: "HAL",
+            name: "N/A".into(),
+            ts_ns: 5,
+            pid: 7,
+            tid: 8,
+            device,
+            ptr: Some(0x3039),
+            attr: "allocation_id:1,addr:0x0000000000003039,size:10,used:10".into(),
+        }
+    }
+
+    #[test]
+    fn row_format_matches_msmemscope() {
+        let mut r = row(DeviceKey::Npu(0), "MALLOC");
+        r.event_type = "PTA";
+        r.ts_ns = 3;
+        r.pid = 123;
+        r.tid = 1234;
+        r.attr = "allocation_id:1,addr:0x0000000000003039,size:10,used:10,total:10".into();
+        assert_eq!(
+            r.format(3),
+            "3,MALLOC,PTA,N/A,3,123,1234,0,0x0000000000003039,\"{allocation_id:1,addr:0x0000000000003039,size:10,used:10,total:10}\",,\n"
+        );
+        let mut sys = row(DeviceKey::NotApplicable, "SYSTEM");
+        sys.ptr = None;
+        sys.attr.clear();
+        sys.event_type = "ACL_INIT";
+        assert_eq!(sys.format(0), "0,SYSTEM,ACL_INIT,N/A,5,7,8,N/A,N/A,,,\n");
+        assert_eq!(quote_text("a\"b\nc"), "\"a\"\"b c\"");
+    }
+
+    #[test]
+    fn device_less_rows_reach_every_device_file() {
+        let root = std::env::temp_dir().join(format!("memscope-csv-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let mut out = ProcessOutput::new(&root, 7, "{}".into());
+        let mut na = row(DeviceKey::NotApplicable, "SYSTEM");
+        na.ptr = None;
+        na.attr.clear();
+        out.write(na.clone()).unwrap(); // id 0, before any device file
+        out.write(row(DeviceKey::Npu(0), "MALLOC")).unwrap(); // id 1
+        out.write(row(DeviceKey::Npu(1), "MALLOC")).unwrap(); // id 2
+        out.write(na).unwrap(); // id 3, into both
+        out.finish().unwrap();
+        let files = out.dump_files();
+        assert_eq!(files.len(), 2);
+        let d0 = std::fs::read_to_string(&files[0]).unwrap();
+        let d1 = std::fs::read_to_string(&files[1]).unwrap();
+        let ids = |s: &str| -> Vec<String> {
+            s.lines()
+                .skip(1)
+                .map(|l| l.split(',').next().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(d0.lines().next().unwrap(), CSV_HEADER);
+        assert_eq!(ids(&d0), ["0", "1", "3"]);
+        assert_eq!(ids(&d1), ["0", "2", "3"]);
+        assert!(d0.contains("0,SYSTEM,HAL,N/A,5,7,8,N/A,N/A,,,"));
+        assert!(out.process_dir().join("config.json").exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,196 @@
+//! The probe table: which vendor entry points are traced and what each one captures.
+//! This is the only place that knows symbol names; the BPF programs only see probe ids.
+
+use probe_common::{ProbeSpec, spec_flags as sf};
+
+/// Size of `struct drv_mem_prop` (five u32 and a u64 at offset 24).
+pub const DRV_MEM_PROP_SIZE: u32 = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum ProbeId {
+    HalMemAlloc = 1,
+    HalMemFree = 2,
+    HalMemCreate = 3,
+    HalMemRelease = 4,
+    AclInit = 5,
+    AclFinalize = 6,
+    AclrtSetDevice = 7,
+    MstxMarkA = 8,
+    MstxRangeStartA = 9,
+    MstxRangeEnd = 10,
+}
+
+impl ProbeId {
+    pub fn from_raw(raw: u16) -> Option<Self> {
+        PROBES.iter().find(|p| p.id as u16 == raw).map(|p| p.id)
+    }
+}
+
+/// Which objects a probe belongs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    /// Only in a library whose file name starts with this (e.g. `libascend_hal.so`, also
+    /// `libascend_hal.so.1`), or one named by `--lib`.
+    Library(&'static str),
+    /// In every mapped object that exports the symbol (mstx can be linked into anything).
+    AnyExporter,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeDef {
+    pub id: ProbeId,
+    pub symbol: &'static str,
+    pub home: Home,
+    pub spec: ProbeSpec,
+}
+
+impl ProbeDef {
+    pub fn wants_return(&self) -> bool {
+        self.spec.flags & sf::WANTS_RETURN != 0
+    }
+}
+
+pub const HAL_LIBRARY: &str = "libascend_hal.so";
+pub const ACL_LIBRARY: &str = "libascendcl.so";
+pub const MSTX_LIBRARY: &str = "libms_tools_ext.so";
+/// Library names searched for ahead of time so they get probes before they are mapped.
+pub const KNOWN_LIBRARIES: [&str; 3] = [HAL_LIBRARY, ACL_LIBRARY, MSTX_LIBRARY];
+
+const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> ProbeSpec {
+    ProbeSpec {
+        flags,
+        data_arg,
+        data_len,
+        deref_arg,
+    }
+}
+
+pub const PROBES: [ProbeDef; 10] = [
+    // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
+    ProbeDef {
+        id: ProbeId::HalMemAlloc,
+        symbol: "halMemAlloc",
+        home: Home::Library(HAL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN | sf::DEREF_AT_RETURN, 0, 0, 0),
+    },
+    // drvError_t halMemFree(void *p): only successful frees count.
+    ProbeDef {
+        id: ProbeId::HalMemFree,
+        symbol: "halMemFree",
+        home: Home::Library(HAL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+    },
+    // drvError_t halMemCreate(handle **h, size_t size, const drv_mem_prop *prop, u64 flag)
+    ProbeDef {
+        id: ProbeId::HalMemCreate,
+        symbol: "halMemCreate",
+        home: Home::Library(HAL_LIBRARY),
+        spec: spec(
+            sf::WANTS_RETURN | sf::DEREF_AT_RETURN | sf::DATA_IS_BYTES,
+            2,
+            DRV_MEM_PROP_SIZE,
+            0,
+        ),
+    },
+    // drvError_t halMemRelease(handle *h)
+    ProbeDef {
+        id: ProbeId::HalMemRelease,
+        symbol: "halMemRelease",
+        home: Home::Library(HAL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+    },
+    ProbeDef {
+        id: ProbeId::AclInit,
+        symbol: "aclInit",
+        home: Home::Library(ACL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+    },
+    ProbeDef {
+        id: ProbeId::AclFinalize,
+        symbol: "aclFinalize",
+        home: Home::Library(ACL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+    },
+    // aclError aclrtSetDevice(int32_t deviceId): gives marks and ranges their device.
+    ProbeDef {
+        id: ProbeId::AclrtSetDevice,
+        symbol: "aclrtSetDevice",
+        home: Home::Library(ACL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+    },
+    // void mstxMarkA(const char *message, aclrtStream stream)
+    ProbeDef {
+        id: ProbeId::MstxMarkA,
+        symbol: "mstxMarkA",
+        home: Home::AnyExporter,
+        spec: spec(sf::DATA_IS_STRING, 0, 0, 0),
+    },
+    // uint64_t mstxRangeStartA(const char *message, aclrtStream stream): returns the range id.
+    ProbeDef {
+        id: ProbeId::MstxRangeStartA,
+        symbol: "mstxRangeStartA",
+        home: Home::AnyExporter,
+        spec: spec(sf::WANTS_RETURN | sf::DATA_IS_STRING, 0, 0, 0),
+    },
+    // void mstxRangeEnd(uint64_t id)
+    ProbeDef {
+        id: ProbeId::MstxRangeEnd,
+        symbol: "mstxRangeEnd",
+        home: Home::AnyExporter,
+        spec: spec(0, 0, 0, 0),
+    },
+];
+
+/// The probes expected in a library of this file name (for "missing symbol" warnings).
+pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
+    PROBES
+        .iter()
+        .filter(|p| match p.home {
+            Home::Library(lib) => library_matches(file_name, lib),
+            Home::AnyExporter => library_matches(file_name, MSTX_LIBRARY),
+        })
+        .collect()
+}
+
+/// `libascend_hal.so` matches `libascend_hal.so` and `libascend_hal.so.1.2`.
+pub fn library_matches(file_name: &str, lib: &str) -> bool {
+    file_name == lib
+        || file_name
+            .strip_prefix(lib)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_round_trip() {
+        for p in &PROBES {
+            assert_eq!(ProbeId::from_raw(p.id as u16), Some(p.id));
+            assert!((p.id as u32) < probe_common::MAX_PROBES);
+        }
+        let mut ids: Vec<_> = PROBES.iter().map(|p| p.id).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), PROBES.len());
+        assert_eq!(ProbeId::from_raw(0), None);
+    }
+
+    #[test]
+    fn library_name_matching() {
+        assert!(library_matches("libascend_hal.so", HAL_LIBRARY));
+        assert!(library_matches("libascend_hal.so.1", HAL_LIBRARY));
+        assert!(!library_matches("libascend_hal.so_backup", HAL_LIBRARY));
+        assert!(!library_matches("libascend_hal_stub.so", HAL_LIBRARY));
+        let hal: Vec<_> = expected_in("libascend_hal.so")
+            .iter()
+            .map(|p| p.symbol)
+            .collect();
+        assert_eq!(
+            hal,
+            ["halMemAlloc", "halMemFree", "halMemCreate", "halMemRelease"]
+        );
+        assert_eq!(expected_in("libms_tools_ext.so").len(), 3);
+    }
+}

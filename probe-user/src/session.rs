@@ -1,0 +1,392 @@
+//! The tracing session: drains the ring buffer, keeps probes attached as libraries appear,
+//! turns events into rows in time order, and ends when the traced tree is gone or on a signal.
+
+use std::{
+    cmp::{Ordering, Reverse},
+    collections::{BinaryHeap, HashMap},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use aya::maps::{MapData, RingBuf};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+use crate::{
+    analysis::leaks::{self, LeakCause, ProcessLeaks},
+    attach::Planner,
+    bpf::{Bpf, Counters},
+    decode::{self, Decoded},
+    launch, log,
+    output::ProcessOutput,
+    tracker::{ProcessState, ProcessStats, TrackOptions},
+};
+
+/// Events are held this long before being applied, so events from different CPUs (and a free
+/// racing with the reuse of its address) are applied in the order they took effect.
+const REORDER_WINDOW_NS: u64 = 50_000_000;
+const TICK: Duration = Duration::from_millis(100);
+const MAPS_RESCAN: Duration = Duration::from_millis(500);
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+pub struct SessionConfig {
+    pub output_dir: PathBuf,
+    pub config_json: String,
+    pub track: TrackOptions,
+    pub leaks: bool,
+    /// Launch mode: our direct child, whose exit status we return.
+    pub child: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    TargetExited,
+    Signal(i32),
+}
+
+pub struct SessionResult {
+    pub end: EndReason,
+    pub child_status: Option<i32>,
+    pub processes: Vec<(u32, ProcessStats, u64, PathBuf)>,
+    pub leaks: Vec<ProcessLeaks>,
+    pub counters: Counters,
+    pub events: u64,
+}
+
+struct Pending {
+    ts: u64,
+    seq: u64,
+    event: Decoded,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (self.ts, self.seq).cmp(&(o.ts, o.seq))
+    }
+}
+
+struct Traced {
+    state: ProcessState,
+    out: ProcessOutput,
+    finished: bool,
+}
+
+pub struct Session {
+    bpf: Bpf,
+    planner: Planner,
+    cfg: SessionConfig,
+    procs: HashMap<u32, Traced>,
+    order: Vec<u32>,
+    reorder: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    events: u64,
+    realtime_offset: i128,
+    leaks: Vec<ProcessLeaks>,
+    reported: Counters,
+    child_status: Option<i32>,
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Session {
+    pub fn new(bpf: Bpf, planner: Planner, cfg: SessionConfig) -> Self {
+        let realtime_offset =
+            clock_ns(libc::CLOCK_REALTIME) as i128 - clock_ns(libc::CLOCK_MONOTONIC) as i128;
+        Session {
+            bpf,
+            planner,
+            cfg,
+            procs: HashMap::new(),
+            order: Vec::new(),
+            reorder: BinaryHeap::new(),
+            seq: 0,
+            events: 0,
+            realtime_offset,
+            leaks: Vec::new(),
+            reported: Counters::default(),
+            child_status: None,
+        }
+    }
+
+    pub async fn run(mut self, ring: RingBuf<MapData>) -> Result<SessionResult> {
+        // SAFETY: the ring buffer owns its fd and outlives the registration (both are dropped here).
+        let mut ring = unsafe { AsyncFd::register(ring)? };
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(TICK);
+        let mut last_rescan = Instant::now();
+        let mut last_progress = Instant::now();
+        let end = loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard?;
+                    self.drain(guard.get_inner_mut())?;
+                    guard.clear_ready();
+                    self.release(false)?;
+                }
+                _ = tick.tick() => {
+                    self.drain(ring.get_mut())?;
+                    self.release(false)?;
+                    self.housekeeping();
+                    if last_rescan.elapsed() >= MAPS_RESCAN {
+                        last_rescan = Instant::now();
+                        for pid in self.bpf.traced_processes() {
+                            self.planner.scan_maps(&mut self.bpf, pid, &mut Vec::new())?;
+                        }
+                        self.print_planner_messages();
+                    }
+                    if last_progress.elapsed() >= PROGRESS_EVERY {
+                        last_progress = Instant::now();
+                        log::info(&format!(
+                            "tracing {} process(es): {} events so far, {} lost",
+                            self.bpf.traced_processes().len(),
+                            self.events,
+                            self.reported.lost_events()
+                        ));
+                    }
+                    if self.tree_gone() {
+                        break EndReason::TargetExited;
+                    }
+                }
+                _ = sigint.recv() => break EndReason::Signal(libc::SIGINT),
+                _ = sigterm.recv() => break EndReason::Signal(libc::SIGTERM),
+            }
+        };
+        if let EndReason::Signal(sig) = end {
+            log::info(&format!(
+                "received {}: detaching and writing what was collected",
+                if sig == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                }
+            ));
+            // Stop the BPF side from producing more, then take what is already queued.
+            for pid in self.bpf.traced_processes() {
+                self.bpf.forget_process(pid);
+            }
+        }
+        self.drain(ring.get_mut())?;
+        self.release(true)?;
+        self.housekeeping();
+        let cause = match end {
+            EndReason::TargetExited => LeakCause::Exited,
+            EndReason::Signal(_) => LeakCause::Detached,
+        };
+        let pids: Vec<u32> = self.order.clone();
+        for pid in pids {
+            self.finish_process(pid, cause);
+        }
+        let processes = self
+            .order
+            .iter()
+            .filter_map(|pid| self.procs.get(pid))
+            .map(|t| {
+                (
+                    t.state.pid,
+                    t.state.stats,
+                    t.out.rows_written(),
+                    t.out.process_dir().to_path_buf(),
+                )
+            })
+            .collect();
+        Ok(SessionResult {
+            end,
+            child_status: self.child_status,
+            processes,
+            leaks: std::mem::take(&mut self.leaks),
+            counters: self.bpf.counters(),
+            events: self.events,
+        })
+    }
+
+    /// The traced tree is gone: no traced process left, and our direct child reaped.
+    fn tree_gone(&mut self) -> bool {
+        if let Some(child) = self.cfg.child
+            && self.child_status.is_none()
+        {
+            self.child_status = launch::reap_children(child);
+        } else if self.cfg.child.is_some() {
+            launch::reap_children(0);
+        }
+        let traced = self.bpf.traced_processes();
+        // Processes that vanished without an exit event (should not happen, but a stale entry
+        // must never keep us running forever).
+        for pid in &traced {
+            if !process_alive(*pid) {
+                self.bpf.forget_process(*pid);
+            }
+        }
+        let child_done = self.cfg.child.is_none() || self.child_status.is_some();
+        self.bpf.traced_processes().is_empty() && child_done
+    }
+
+    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
+        while let Some(item) = ring.next() {
+            let Some(raw) = decode::raw_from_bytes(&item) else {
+                continue;
+            };
+            drop(item);
+            let Some(ev) = decode::decode(&raw) else {
+                continue;
+            };
+            self.events += 1;
+            match &ev {
+                Decoded::Exec { pid, path, .. } => {
+                    log::debug(&format!("pid {pid} exec {}", path.display()));
+                    self.planner.on_exec(&mut self.bpf, *pid, path)?;
+                    self.print_planner_messages();
+                }
+                Decoded::Open { pid, dfd, path, .. } => {
+                    self.planner.on_open(&mut self.bpf, *pid, *dfd, path)?;
+                    self.print_planner_messages();
+                }
+                Decoded::Fork { parent, child, .. } => {
+                    log::debug(&format!("pid {parent} started process {child}: traced"));
+                }
+                Decoded::Call(_) | Decoded::Exit { .. } => {
+                    self.seq += 1;
+                    self.reorder.push(Reverse(Pending {
+                        ts: ev.ts_mono(),
+                        seq: self.seq,
+                        event: ev,
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies held events older than the reorder window (all of them when `all`).
+    fn release(&mut self, all: bool) -> Result<()> {
+        let horizon = clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(REORDER_WINDOW_NS);
+        while let Some(Reverse(top)) = self.reorder.peek() {
+            if !all && top.ts > horizon {
+                break;
+            }
+            let Reverse(p) = self.reorder.pop().expect("peeked");
+            match p.event {
+                Decoded::Call(call) => {
+                    let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
+                    let track = self.cfg.track;
+                    let traced = self.traced(call.pid);
+                    let rows = traced.state.apply(&call, ts, &track);
+                    for row in rows {
+                        if let Err(e) = traced.out.write(row) {
+                            log::error(&format!("{e:#}"));
+                        }
+                    }
+                }
+                Decoded::Exit { pid, .. } => self.finish_process(pid, LeakCause::Exited),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn traced(&mut self, pid: u32) -> &mut Traced {
+        if !self.procs.contains_key(&pid) {
+            self.order.push(pid);
+        }
+        let cfg = &self.cfg;
+        self.procs.entry(pid).or_insert_with(|| Traced {
+            state: ProcessState::new(pid),
+            out: ProcessOutput::new(&cfg.output_dir, pid, cfg.config_json.clone()),
+            finished: false,
+        })
+    }
+
+    /// A process is gone (or we are detaching): write its leak report and flush its files.
+    fn finish_process(&mut self, pid: u32, cause: LeakCause) {
+        let Some(t) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if t.finished {
+            return;
+        }
+        t.finished = true;
+        let blocks = t.state.live_blocks();
+        let mut files = Vec::new();
+        if self.cfg.leaks && !blocks.is_empty() {
+            match leaks::write_leak_files(&mut t.out, pid, &blocks) {
+                Ok(f) => files = f,
+                Err(e) => log::error(&format!("cannot write the leak report of pid {pid}: {e:#}")),
+            }
+        }
+        if let Err(e) = t.out.finish() {
+            log::error(&format!("{e:#}"));
+        }
+        if self.cfg.leaks {
+            self.leaks.push(ProcessLeaks {
+                pid,
+                cause,
+                blocks,
+                files,
+            });
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        for t in self.procs.values_mut().filter(|t| !t.finished) {
+            if let Err(e) = t.out.flush() {
+                log::error(&format!("{e:#}"));
+            }
+        }
+        let now = self.bpf.counters();
+        let lost_ring = now.ringbuf_full - self.reported.ringbuf_full;
+        let lost_pending = now.pending_full - self.reported.pending_full;
+        if lost_ring > 0 {
+            log::warn(&format!(
+                "lost {lost_ring} event(s): the ring buffer was full (try a larger --ring-buffer-mib)"
+            ));
+        }
+        if lost_pending > 0 {
+            log::warn(&format!(
+                "lost {lost_pending} call(s): too many calls in flight at once"
+            ));
+        }
+        self.reported = now;
+    }
+
+    fn print_planner_messages(&mut self) {
+        for w in self.planner.warnings.drain(..) {
+            log::warn(&w);
+        }
+        for d in self.planner.debug.drain(..) {
+            log::debug(&d);
+        }
+    }
+}
+
+/// True while `/proc/PID` exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}

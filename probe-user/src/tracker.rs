@@ -1,0 +1,775 @@
+//! Per-process memory state: live blocks, running `used` totals, steps and the current device
+//! of each thread. Turns decoded calls into output rows and keeps what the analyses need.
+
+use std::collections::HashMap;
+
+use crate::{
+    cli::{DeviceFilter, EventSet},
+    decode::{Call, CallEvent},
+    hal::{self, AllocFlag, DEVICE_CPU, MemType, PageType},
+    output::{DeviceKey, Row, csv::quote_text},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    /// `halMemAlloc` of device memory.
+    HalAlloc,
+    /// `halMemAlloc` of pinned host memory (reported on device `cpu`).
+    HalHost,
+    /// `halMemCreate` (physical memory handle).
+    HalCreate,
+}
+
+impl BlockKind {
+    pub fn event_type(self) -> &'static str {
+        match self {
+            BlockKind::HalHost => "HOST",
+            _ => "HAL",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub allocation_id: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub device: u32,
+    pub kind: BlockKind,
+    pub tid: u32,
+    pub ts_ns: u64,
+    /// The mstx step the block was allocated in (0 before the first `"step start"` range).
+    pub step: u32,
+    pub module_id: u32,
+    pub page_type: PageType,
+}
+
+/// Counts kept per process for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    pub mallocs: u64,
+    pub frees: u64,
+    pub creates: u64,
+    pub releases: u64,
+    pub marks: u64,
+    pub ranges: u64,
+    /// Successful frees/releases of addresses never seen allocated (allocated before attach,
+    /// or during a lost event).
+    pub unmatched_frees: u64,
+    pub failed_allocs: u64,
+    pub failed_frees: u64,
+    /// An allocation returned an address that was still live: the old block is closed.
+    pub double_mallocs: u64,
+    /// Events dropped by `--device`.
+    pub filtered: u64,
+}
+
+/// State of one traced process.
+#[derive(Debug, Default)]
+pub struct ProcessState {
+    pub pid: u32,
+    live: HashMap<u64, Block>,
+    live_handles: HashMap<u64, Block>,
+    used: HashMap<u32, u64>,
+    next_allocation_id: u64,
+    step: u32,
+    step_range: Option<u64>,
+    thread_device: HashMap<u32, u32>,
+    pub stats: ProcessStats,
+}
+
+/// What the tracker needs from the command line.
+#[derive(Clone, Copy, Debug)]
+pub struct TrackOptions {
+    pub dump: EventSet,
+    pub devices: DeviceFilter,
+}
+
+impl ProcessState {
+    pub fn new(pid: u32) -> Self {
+        ProcessState {
+            pid,
+            ..Default::default()
+        }
+    }
+
+    pub fn current_step(&self) -> u32 {
+        self.step
+    }
+
+    /// Blocks still live, in allocation order.
+    pub fn live_blocks(&self) -> Vec<Block> {
+        let mut v: Vec<Block> = self
+            .live
+            .values()
+            .chain(self.live_handles.values())
+            .cloned()
+            .collect();
+        v.sort_by_key(|b| b.allocation_id);
+        v
+    }
+
+    fn wants_device(&self, opts: &TrackOptions, device: u32) -> bool {
+        if device == DEVICE_CPU {
+            opts.devices.wants_cpu()
+        } else {
+            opts.devices.wants_npu(device)
+        }
+    }
+
+    /// Applies one call; returns the rows to write (possibly none).
+    pub fn apply(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
+        let mut rows = Vec::new();
+        let row =
+            |event: &'static str, event_type: &'static str, name: String, device: DeviceKey| Row {
+                event,
+                event_type,
+                name,
+                ts_ns,
+                pid: ev.pid,
+                tid: ev.tid,
+                device,
+                ptr: None,
+                attr: String::new(),
+            };
+        match &ev.call {
+            Call::HalAlloc {
+                size,
+                flag,
+                ret,
+                addr,
+            } => {
+                let Some(addr) = addr.filter(|_| *ret == 0) else {
+                    self.stats.failed_allocs += 1;
+                    return rows;
+                };
+                let f = AllocFlag::decode(*flag);
+                let device = f.reported_device();
+                if !self.wants_device(opts, device) {
+                    self.stats.filtered += 1;
+                    return rows;
+                }
+                let kind = if f.mem_type == MemType::Host {
+                    BlockKind::HalHost
+                } else {
+                    BlockKind::HalAlloc
+                };
+                self.stats.mallocs += 1;
+                let block = self.new_block(
+                    addr,
+                    *size,
+                    device,
+                    kind,
+                    ev.tid,
+                    ts_ns,
+                    f.module_id as u32,
+                    f.page_type,
+                );
+                self.insert_block(block, false, opts, ts_ns, &mut rows);
+            }
+            Call::HalCreate {
+                size,
+                prop,
+                ret,
+                handle,
+                ..
+            } => {
+                let Some(handle) = handle.filter(|_| *ret == 0) else {
+                    self.stats.failed_allocs += 1;
+                    return rows;
+                };
+                let (device, module, page) = match prop {
+                    Some(p) => (p.devid, p.module_id, PageType::from_prop(p.pg_type)),
+                    None => (0, u32::MAX, PageType::Normal),
+                };
+                if !self.wants_device(opts, device) {
+                    self.stats.filtered += 1;
+                    return rows;
+                }
+                self.stats.creates += 1;
+                let block = self.new_block(
+                    handle,
+                    *size,
+                    device,
+                    BlockKind::HalCreate,
+                    ev.tid,
+                    ts_ns,
+                    module,
+                    page,
+                );
+                self.insert_block(block, true, opts, ts_ns, &mut rows);
+            }
+            Call::HalFree { addr, ret } => {
+                if *ret != 0 {
+                    self.stats.failed_frees += 1;
+                    return rows;
+                }
+                match self.live.remove(addr) {
+                    Some(block) => {
+                        self.stats.frees += 1;
+                        self.free_row(&block, ev.tid, ts_ns, opts, &mut rows);
+                    }
+                    None => self.note_unmatched(*addr, opts),
+                }
+            }
+            Call::HalRelease { handle, ret } => {
+                if *ret != 0 {
+                    self.stats.failed_frees += 1;
+                    return rows;
+                }
+                match self.live_handles.remove(handle) {
+                    Some(block) => {
+                        self.stats.releases += 1;
+                        self.free_row(&block, ev.tid, ts_ns, opts, &mut rows);
+                    }
+                    None => self.note_unmatched(*handle, opts),
+                }
+            }
+            Call::AclInit { .. } => {
+                rows.push(row(
+                    "SYSTEM",
+                    "ACL_INIT",
+                    "N/A".into(),
+                    DeviceKey::NotApplicable,
+                ));
+            }
+            Call::AclFinalize { .. } => {
+                rows.push(row(
+                    "SYSTEM",
+                    "ACL_FINI",
+                    "N/A".into(),
+                    DeviceKey::NotApplicable,
+                ));
+            }
+            Call::SetDevice { device, ret } => {
+                if *ret == 0 && *device >= 0 {
+                    self.thread_device.insert(ev.tid, *device as u32);
+                }
+            }
+            Call::Mark { text } => {
+                self.stats.marks += 1;
+                let device = self.thread_device_key(ev.tid);
+                rows.push(row(
+                    "MSTX",
+                    "Mark",
+                    quote_text(&guard_formula(text)),
+                    device,
+                ));
+            }
+            Call::RangeStart { text, id } => {
+                self.stats.ranges += 1;
+                if text == "step start" {
+                    self.step += 1;
+                    self.step_range = Some(*id);
+                }
+                let device = self.thread_device_key(ev.tid);
+                rows.push(row(
+                    "MSTX",
+                    "Range_start",
+                    quote_text(&guard_formula(text)),
+                    device,
+                ));
+            }
+            Call::RangeEnd { id } => {
+                if self.step_range == Some(*id) {
+                    self.step_range = None;
+                }
+                let device = self.thread_device_key(ev.tid);
+                rows.push(row(
+                    "MSTX",
+                    "Range_end",
+                    quote_text(&format!("Range end from id {id}")),
+                    device,
+                ));
+            }
+        }
+        rows
+    }
+
+    fn thread_device_key(&self, tid: u32) -> DeviceKey {
+        self.thread_device
+            .get(&tid)
+            .map(|d| DeviceKey::Npu(*d))
+            .unwrap_or(DeviceKey::NotApplicable)
+    }
+
+    fn note_unmatched(&mut self, _addr: u64, _opts: &TrackOptions) {
+        self.stats.unmatched_frees += 1;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new_block(
+        &mut self,
+        addr: u64,
+        size: u64,
+        device: u32,
+        kind: BlockKind,
+        tid: u32,
+        ts_ns: u64,
+        module_id: u32,
+        page_type: PageType,
+    ) -> Block {
+        self.next_allocation_id += 1;
+        Block {
+            allocation_id: self.next_allocation_id,
+            addr,
+            size,
+            device,
+            kind,
+            tid,
+            ts_ns,
+            step: self.step,
+            module_id,
+            page_type,
+        }
+    }
+
+    fn insert_block(
+        &mut self,
+        block: Block,
+        handle: bool,
+        opts: &TrackOptions,
+        ts_ns: u64,
+        rows: &mut Vec<Row>,
+    ) {
+        let table = if handle {
+            &mut self.live_handles
+        } else {
+            &mut self.live
+        };
+        if let Some(old) = table.remove(&block.addr) {
+            // The driver handed out an address we still think is live: its free was missed.
+            // Close the old block with a synthetic FREE so `used` stays right.
+            self.stats.double_mallocs += 1;
+            self.free_row(&old, old.tid, ts_ns, opts, rows);
+        }
+        *self.used.entry(block.device).or_default() += block.size;
+        if opts.dump.alloc {
+            rows.push(self.memory_row("MALLOC", &block, block.tid, ts_ns, true));
+        }
+        let table = if handle {
+            &mut self.live_handles
+        } else {
+            &mut self.live
+        };
+        table.insert(block.addr, block);
+    }
+
+    fn free_row(
+        &mut self,
+        block: &Block,
+        tid: u32,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        let used = self.used.entry(block.device).or_default();
+        *used = used.saturating_sub(block.size);
+        if opts.dump.free {
+            rows.push(self.memory_row("FREE", block, tid, ts_ns, false));
+        }
+    }
+
+    fn memory_row(
+        &self,
+        event: &'static str,
+        b: &Block,
+        tid: u32,
+        ts_ns: u64,
+        is_malloc: bool,
+    ) -> Row {
+        let used = self.used.get(&b.device).copied().unwrap_or(0);
+        let mut attr = format!(
+            "allocation_id:{},addr:0x{:016x},size:{}",
+            b.allocation_id, b.addr, b.size
+        );
+        match b.kind {
+            BlockKind::HalHost => attr.push_str(&format!(",pinned:true,used:{used}")),
+            BlockKind::HalAlloc | BlockKind::HalCreate => {
+                attr.push_str(&format!(",used:{used}"));
+                if is_malloc {
+                    let alloc_type = if b.kind == BlockKind::HalCreate {
+                        "create"
+                    } else {
+                        "alloc"
+                    };
+                    attr.push_str(&format!(
+                        ",page_type:{},alloc_type:{alloc_type}",
+                        b.page_type.as_str()
+                    ));
+                }
+            }
+        }
+        Row {
+            event,
+            event_type: b.kind.event_type(),
+            name: "N/A".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(b.device),
+            ptr: Some(b.addr),
+            attr,
+        }
+    }
+}
+
+/// msMemScope blanks messages that a spreadsheet would run as a formula.
+fn guard_formula(text: &str) -> String {
+    if text.starts_with(['=', '+', '-', '@']) {
+        String::new()
+    } else {
+        text.to_string()
+    }
+}
+
+/// The module name for the summary (`UNKNOWN` outside the table, as decompose labels it).
+pub fn module_label(id: u32) -> &'static str {
+    hal::module_name(id).unwrap_or("UNKNOWN")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hal::DrvMemProp;
+
+    fn opts() -> TrackOptions {
+        TrackOptions {
+            dump: EventSet {
+                alloc: true,
+                free: true,
+                launch: false,
+                access: false,
+            },
+            devices: DeviceFilter {
+                all_npu: true,
+                npu_mask: 0,
+                cpu: true,
+            },
+        }
+    }
+
+    fn ev(tid: u32, call: Call) -> CallEvent {
+        CallEvent {
+            pid: 100,
+            tid,
+            ts_mono: 0,
+            call,
+        }
+    }
+
+    #[test]
+    fn malloc_free_rows_carry_ids_sizes_and_used() {
+        let mut p = ProcessState::new(100);
+        let o = opts();
+        let flag = 1 | (1 << 10) | (1 << 17) | (33u64 << 56);
+        let r = p.apply(
+            &ev(
+                7,
+                Call::HalAlloc {
+                    size: 4096,
+                    flag,
+                    ret: 0,
+                    addr: Some(0xa000),
+                },
+            ),
+            10,
+            &o,
+        );
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].device, DeviceKey::Npu(1));
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:1,addr:0x000000000000a000,size:4096,used:4096,page_type:huge,alloc_type:alloc"
+        );
+        p.apply(
+            &ev(
+                7,
+                Call::HalAlloc {
+                    size: 100,
+                    flag: 1 | (1 << 10),
+                    ret: 0,
+                    addr: Some(0xb000),
+                },
+            ),
+            11,
+            &o,
+        );
+        let r = p.apply(
+            &ev(
+                8,
+                Call::HalFree {
+                    addr: 0xa000,
+                    ret: 0,
+                },
+            ),
+            12,
+            &o,
+        );
+        assert_eq!(r[0].event, "FREE");
+        assert_eq!(r[0].tid, 8);
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:1,addr:0x000000000000a000,size:4096,used:100"
+        );
+        // Unknown and failed frees write nothing but are counted.
+        assert!(
+            p.apply(
+                &ev(
+                    8,
+                    Call::HalFree {
+                        addr: 0xdead,
+                        ret: 0
+                    }
+                ),
+                13,
+                &o
+            )
+            .is_empty()
+        );
+        assert!(
+            p.apply(
+                &ev(
+                    8,
+                    Call::HalFree {
+                        addr: 0xb000,
+                        ret: 1
+                    }
+                ),
+                13,
+                &o
+            )
+            .is_empty()
+        );
+        assert!(
+            p.apply(
+                &ev(
+                    8,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 0,
+                        ret: 6,
+                        addr: Some(0)
+                    }
+                ),
+                13,
+                &o
+            )
+            .is_empty()
+        );
+        assert_eq!(p.stats.unmatched_frees, 1);
+        assert_eq!(p.stats.failed_frees, 1);
+        assert_eq!(p.stats.failed_allocs, 1);
+        assert_eq!(p.live_blocks().len(), 1);
+    }
+
+    #[test]
+    fn host_create_steps_and_marks() {
+        let mut p = ProcessState::new(100);
+        let o = opts();
+        let r = p.apply(
+            &ev(
+                1,
+                Call::RangeStart {
+                    text: "step start".into(),
+                    id: 5,
+                },
+            ),
+            1,
+            &o,
+        );
+        assert_eq!(r[0].name, "\"step start\"");
+        assert_eq!(r[0].device, DeviceKey::NotApplicable);
+        p.apply(&ev(1, Call::SetDevice { device: 3, ret: 0 }), 1, &o);
+        let r = p.apply(
+            &ev(
+                1,
+                Call::Mark {
+                    text: "=cmd".into(),
+                },
+            ),
+            2,
+            &o,
+        );
+        assert_eq!(
+            (r[0].name.as_str(), r[0].device),
+            ("\"\"", DeviceKey::Npu(3))
+        );
+        let r = p.apply(
+            &ev(
+                1,
+                Call::HalAlloc {
+                    size: 64,
+                    flag: 2 << 10,
+                    ret: 0,
+                    addr: Some(0x55),
+                },
+            ),
+            3,
+            &o,
+        );
+        assert_eq!((r[0].event_type, r[0].device), ("HOST", DeviceKey::Cpu));
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:1,addr:0x0000000000000055,size:64,pinned:true,used:64"
+        );
+        let prop = DrvMemProp {
+            side: 0,
+            devid: 2,
+            module_id: 7,
+            pg_type: 2,
+            mem_type: 0,
+        };
+        let r = p.apply(
+            &ev(
+                1,
+                Call::HalCreate {
+                    size: 8,
+                    flag: 0,
+                    prop: Some(prop),
+                    ret: 0,
+                    handle: Some(0x77),
+                },
+            ),
+            4,
+            &o,
+        );
+        assert!(r[0].attr.ends_with("page_type:giant,alloc_type:create"));
+        assert_eq!(r[0].device, DeviceKey::Npu(2));
+        let r = p.apply(&ev(1, Call::RangeEnd { id: 5 }), 5, &o);
+        assert_eq!(r[0].name, "\"Range end from id 5\"");
+        let live = p.live_blocks();
+        assert_eq!(live.len(), 2);
+        assert!(live.iter().all(|b| b.step == 1));
+        let r = p.apply(
+            &ev(
+                1,
+                Call::HalRelease {
+                    handle: 0x77,
+                    ret: 0,
+                },
+            ),
+            6,
+            &o,
+        );
+        assert_eq!(r[0].event, "FREE");
+        assert_eq!(p.stats.releases, 1);
+    }
+
+    #[test]
+    fn device_filter_and_dump_filter() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.devices = DeviceFilter {
+            all_npu: false,
+            npu_mask: 1 << 2,
+            cpu: false,
+        };
+        assert!(
+            p.apply(
+                &ev(
+                    1,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 1 | (1 << 10),
+                        ret: 0,
+                        addr: Some(1)
+                    }
+                ),
+                1,
+                &o
+            )
+            .is_empty()
+        );
+        assert!(
+            p.apply(
+                &ev(
+                    1,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 2 << 10,
+                        ret: 0,
+                        addr: Some(2)
+                    }
+                ),
+                1,
+                &o
+            )
+            .is_empty()
+        );
+        assert_eq!(p.stats.filtered, 2);
+        assert_eq!(
+            p.apply(
+                &ev(
+                    1,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 2 | (1 << 10),
+                        ret: 0,
+                        addr: Some(3)
+                    }
+                ),
+                1,
+                &o
+            )
+            .len(),
+            1
+        );
+        o.dump.alloc = false;
+        assert!(
+            p.apply(
+                &ev(
+                    1,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 2 | (1 << 10),
+                        ret: 0,
+                        addr: Some(4)
+                    }
+                ),
+                1,
+                &o
+            )
+            .is_empty()
+        );
+        assert_eq!(p.live_blocks().len(), 2, "collected even when not written");
+    }
+
+    #[test]
+    fn reused_live_address_closes_the_old_block() {
+        let mut p = ProcessState::new(100);
+        let o = opts();
+        p.apply(
+            &ev(
+                1,
+                Call::HalAlloc {
+                    size: 10,
+                    flag: 1 << 10,
+                    ret: 0,
+                    addr: Some(0x10),
+                },
+            ),
+            1,
+            &o,
+        );
+        let r = p.apply(
+            &ev(
+                1,
+                Call::HalAlloc {
+                    size: 20,
+                    flag: 1 << 10,
+                    ret: 0,
+                    addr: Some(0x10),
+                },
+            ),
+            2,
+            &o,
+        );
+        assert_eq!(
+            r.iter().map(|r| r.event).collect::<Vec<_>>(),
+            ["FREE", "MALLOC"]
+        );
+        assert!(r[1].attr.contains("used:20"));
+        assert_eq!(p.stats.double_mallocs, 1);
+    }
+}

@@ -1,0 +1,198 @@
+//! What the tracer needs to know about one ELF object on disk: exported functions and the file
+//! offsets a uprobe attaches to, its dynamic dependencies and search paths, and its build-id.
+
+use std::{collections::HashMap, fs, path::Path};
+
+use anyhow::{Context, Result, bail};
+use object::{
+    Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind,
+    elf::{self, PT_LOAD},
+    read::elf::{Dyn, ElfFile64, ProgramHeader},
+};
+
+/// A function symbol defined in an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSymbol {
+    pub name: String,
+    /// Virtual address as linked (before the load bias of a PIE or shared object).
+    pub address: u64,
+    pub size: u64,
+    /// Offset in the file: what a uprobe on this object attaches to.
+    pub file_offset: u64,
+}
+
+/// The parts of an ELF object the tracer uses to plan probes and find libraries.
+#[derive(Clone, Debug, Default)]
+pub struct ElfObject {
+    /// Defined functions by name, from `.dynsym` and `.symtab` (dynamic wins on conflicts).
+    pub functions: HashMap<String, FunctionSymbol>,
+    /// Names of functions that other objects can call (from `.dynsym` only).
+    pub exported: Vec<String>,
+    pub needed: Vec<String>,
+    pub soname: Option<String>,
+    /// DT_RUNPATH entries, `$ORIGIN` not yet expanded.
+    pub runpath: Vec<String>,
+    /// DT_RPATH entries (only honoured by the loader when there is no RUNPATH).
+    pub rpath: Vec<String>,
+    pub build_id: Option<Vec<u8>>,
+    /// The ELF interpreter (PT_INTERP), e.g. `/lib64/ld-linux-x86-64.so.2`.
+    pub interpreter: Option<String>,
+}
+
+impl ElfObject {
+    /// Reads and parses the object at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let data = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(&data).with_context(|| format!("cannot parse ELF file {}", path.display()))
+    }
+
+    /// Parses an in-memory ELF image. Never panics on malformed input.
+    pub fn parse(data: &[u8]) -> Result<Self> {
+        if data.len() < 5 || &data[..4] != b"\x7fELF" {
+            bail!("not an ELF file");
+        }
+        if data[4] != elf::ELFCLASS64 {
+            bail!("only 64-bit ELF objects are supported");
+        }
+        let file = ElfFile64::<Endianness>::parse(data)?;
+        let endian = file.endian();
+        let loads: Vec<(u64, u64, u64)> = file
+            .elf_program_headers()
+            .iter()
+            .filter(|ph| ph.p_type(endian) == PT_LOAD)
+            .map(|ph| (ph.p_vaddr(endian), ph.p_filesz(endian), ph.p_offset(endian)))
+            .collect();
+        let file_offset = |vaddr: u64| {
+            loads
+                .iter()
+                .find(|(start, size, _)| vaddr >= *start && vaddr < start.saturating_add(*size))
+                .map(|(start, _, off)| vaddr - start + off)
+        };
+
+        let mut out = ElfObject::default();
+        for (symbols, dynamic) in [(file.symbols(), false), (file.dynamic_symbols(), true)] {
+            for sym in symbols {
+                if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
+                    continue;
+                }
+                let Ok(name) = sym.name() else { continue };
+                if name.is_empty() {
+                    continue;
+                }
+                let Some(offset) = file_offset(sym.address()) else {
+                    continue;
+                };
+                if dynamic && sym.is_global() {
+                    out.exported.push(name.to_string());
+                }
+                out.functions.insert(
+                    name.to_string(),
+                    FunctionSymbol {
+                        name: name.to_string(),
+                        address: sym.address(),
+                        size: sym.size(),
+                        file_offset: offset,
+                    },
+                );
+            }
+        }
+        out.exported.sort();
+        out.exported.dedup();
+
+        let sections = file.elf_section_table();
+        if let Some((entries, link)) = sections.dynamic(endian, data)? {
+            let strings = sections.strings(endian, data, link)?;
+            for d in entries {
+                if !d.is_string(endian) {
+                    continue;
+                }
+                let Ok(value) = d.string(endian, strings) else {
+                    continue;
+                };
+                let value = String::from_utf8_lossy(value).into_owned();
+                match d.tag32(endian) {
+                    Some(elf::DT_NEEDED) => out.needed.push(value),
+                    Some(elf::DT_SONAME) => out.soname = Some(value),
+                    Some(elf::DT_RUNPATH) => out.runpath.extend(split_path_list(&value)),
+                    Some(elf::DT_RPATH) => out.rpath.extend(split_path_list(&value)),
+                    _ => {}
+                }
+            }
+        }
+        out.build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        if let Some(interp) = file.section_by_name(".interp")
+            && let Ok(bytes) = interp.data()
+        {
+            let s = bytes.split(|b| *b == 0).next().unwrap_or_default();
+            out.interpreter = Some(String::from_utf8_lossy(s).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Looks up a defined function by name.
+    pub fn function(&self, name: &str) -> Option<&FunctionSymbol> {
+        self.functions.get(name)
+    }
+
+    /// True when other objects can bind to `name` in this object.
+    pub fn exports(&self, name: &str) -> bool {
+        self.exported
+            .binary_search_by(|e| e.as_str().cmp(name))
+            .is_ok()
+    }
+}
+
+fn split_path_list(s: &str) -> impl Iterator<Item = String> + '_ {
+    s.split(':').filter(|p| !p.is_empty()).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_non_elf_and_truncated_input() {
+        assert!(ElfObject::parse(b"").is_err());
+        assert!(ElfObject::parse(b"#!/bin/sh\n").is_err());
+        let exe = fs::read("/proc/self/exe").unwrap();
+        for cut in [5, 64, 200, exe.len() / 3] {
+            // Must not panic; an error or a partial result are both fine.
+            let _ = ElfObject::parse(&exe[..cut]);
+        }
+    }
+
+    #[test]
+    fn reads_our_own_executable() {
+        let obj = ElfObject::open(Path::new("/proc/self/exe")).unwrap();
+        assert!(obj.build_id.is_some(), "rustc links a build-id by default");
+        assert!(obj.needed.iter().any(|n| n.starts_with("libc.so")));
+        assert!(
+            obj.interpreter
+                .as_deref()
+                .unwrap_or("")
+                .contains("ld-linux")
+        );
+        // A function of this very test binary is found with a file offset inside the file.
+        let len = fs::metadata("/proc/self/exe").unwrap().len();
+        let main = obj.function("main").expect("main symbol");
+        assert!(main.file_offset > 0 && main.file_offset < len);
+    }
+
+    #[test]
+    fn libc_exports_malloc_at_a_text_offset() {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+        let Some(libc) = libc else { return };
+        let obj = ElfObject::open(Path::new(libc)).unwrap();
+        assert!(obj.exports("malloc") && obj.exports("free"));
+        assert!(!obj.exports("definitely_not_a_libc_symbol"));
+        let data = fs::read(libc).unwrap();
+        let off = obj.function("malloc").unwrap().file_offset as usize;
+        assert!(off < data.len());
+        assert_eq!(obj.soname.as_deref(), Some("libc.so.6"));
+    }
+}

@@ -1,0 +1,161 @@
+//! Developer task runner for memscope-bpf (`cargo xtask <command>`).
+//!
+//! The two commands for the README:
+//!
+//! ```text
+//! # Prepare the machine (once; quick when already done), build and run all tests
+//! # (as root: the tests load BPF programs, and are skipped loudly otherwise):
+//! cargo xtask test
+//!
+//! # Trace the demo training fixture and show where the results were written:
+//! cargo xtask demo
+//! ```
+
+mod cmd;
+mod demo;
+mod setup;
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+cargo xtask <command>
+
+Commands:
+  setup [--force-bpf-linker] [--bpf-linker-root DIR]
+        Make this machine ready: nightly toolchain + rust-src, bpf-linker built
+        against nightly's LLVM, the C fixtures (make -C tests/fixtures), and
+        checks for kernel BTF and root. Idempotent; quick once done.
+        --force-bpf-linker       reinstall bpf-linker even if a working one exists
+        --bpf-linker-root DIR    install bpf-linker under DIR (cargo install --root)
+  test [-- ARGS...]
+        setup, then `cargo build --all-targets` and `cargo test ARGS...` (the
+        workspace's default members; RUST_BACKTRACE=1). Exits with cargo's status.
+        e.g. cargo xtask test -- -p memscope-bpf -- --nocapture
+  demo
+        setup, build the tracer (release) and trace tests/fixtures/build/bin/demo_train,
+        writing to target/demo; then list the files this run wrote. Needs root.
+  help
+        This text.
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("[xtask] error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<u8> {
+    let Some((command, rest)) = args.split_first() else {
+        print!("{USAGE}");
+        return Ok(0);
+    };
+    let repo = repo_root()?;
+    match command.as_str() {
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(0)
+        }
+        "setup" => {
+            setup::run(&repo, &setup_options(rest)?)?;
+            Ok(0)
+        }
+        "test" => test(&repo, rest),
+        "demo" => {
+            if let Some(arg) = rest.first() {
+                bail!("`demo` takes no arguments (got `{arg}`)\n\n{USAGE}");
+            }
+            demo::run(&repo)
+        }
+        other => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+fn setup_options(args: &[String]) -> Result<setup::Options> {
+    let mut opts = setup::Options::default();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--force-bpf-linker" => opts.force_bpf_linker = true,
+            "--bpf-linker-root" => {
+                let dir = args.next().context("--bpf-linker-root needs a directory")?;
+                opts.bpf_linker_root = Some(absolute(dir)?);
+            }
+            other => match other.strip_prefix("--bpf-linker-root=") {
+                Some(dir) => opts.bpf_linker_root = Some(absolute(dir)?),
+                None => bail!("unknown option for `setup`: `{other}`\n\n{USAGE}"),
+            },
+        }
+    }
+    Ok(opts)
+}
+
+fn absolute(dir: &str) -> Result<PathBuf> {
+    std::path::absolute(dir).with_context(|| format!("resolving {dir}"))
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn repo_root() -> Result<PathBuf> {
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .context("CARGO_MANIFEST_DIR has no parent directory")
+}
+
+/// The effective user id, from /proc (no libc needed).
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    // Uid: real effective saved filesystem
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// A `cargo` command run in the repo root with `RUST_BACKTRACE=1` and setup's environment.
+fn cargo(repo: &std::path::Path, ready: &setup::Ready) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(repo).env("RUST_BACKTRACE", "1");
+    ready.apply(&mut c);
+    c
+}
+
+fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
+    // `cargo xtask test -- ARGS` arrives as ["--", ARGS...]; accept ARGS without it too.
+    let extra = match args.split_first() {
+        Some((first, rest)) if first == "--" => rest,
+        _ => args,
+    };
+    let ready = setup::run(repo, &setup::Options::default())?;
+
+    // Plain `cargo build`/`cargo test` in the root use the workspace's default members;
+    // `--workspace` would also take probe-ebpf, which only builds for the BPF target.
+    let mut build = cargo(repo, &ready);
+    build.args(["build", "--all-targets"]);
+    println!("[test] + {}", cmd::describe(&build));
+    let status = cmd::interactive(&mut build)?;
+    if !status.success() {
+        cmd::report_failure("test", &build, status);
+        return Ok(cmd::exit_code(status));
+    }
+
+    let mut test = cargo(repo, &ready);
+    test.arg("test").args(extra);
+    println!("[test] + {}", cmd::describe(&test));
+    let status = cmd::interactive(&mut test)?;
+    if !status.success() {
+        cmd::report_failure("test", &test, status);
+    }
+    if !ready.is_root {
+        println!("[test] note: not root, so the tests that load BPF programs were skipped");
+    }
+    Ok(cmd::exit_code(status))
+}
