@@ -161,8 +161,8 @@ impl Planner {
     /// Launch mode: everything the program will load that we can predict, before it runs.
     pub fn plan_launch(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
         self.attach_explicit(bpf)?;
-        self.attach_closure(bpf, program, env)?;
-        self.attach_known_libraries(bpf, env, &[])?;
+        let runpaths = self.attach_closure(bpf, program, env)?;
+        self.attach_known_libraries(bpf, env, &runpaths)?;
         Ok(())
     }
 
@@ -240,8 +240,26 @@ impl Planner {
         Ok(())
     }
 
-    fn attach_closure(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
-        let mut queue = VecDeque::from([(program.to_path_buf(), program.to_path_buf())]);
+    /// Attaches to `program` and its DT_NEEDED closure; returns the RUNPATH/RPATH directories
+    /// seen on the way (a dlopen by name searches the caller's RUNPATH).
+    fn attach_closure(
+        &mut self,
+        bpf: &mut Bpf,
+        program: &Path,
+        env: &TargetEnv,
+    ) -> Result<Vec<PathBuf>> {
+        self.attach_closure_shown(bpf, program, program, env)
+    }
+
+    fn attach_closure_shown(
+        &mut self,
+        bpf: &mut Bpf,
+        program: &Path,
+        shown: &Path,
+        env: &TargetEnv,
+    ) -> Result<Vec<PathBuf>> {
+        let mut dirs = Vec::new();
+        let mut queue = VecDeque::from([(program.to_path_buf(), shown.to_path_buf())]);
         let mut visited = HashSet::new();
         while let Some((host, shown)) = queue.pop_front() {
             if !visited.insert(host.clone()) || visited.len() > 512 {
@@ -257,13 +275,15 @@ impl Planner {
             } else {
                 Vec::new()
             };
+            dirs.extend(runpath.iter().cloned());
+            dirs.extend(rpath.iter().cloned());
             for needed in &obj.needed {
                 if let Some(found) = self.resolve_library(needed, &rpath, env, &runpath) {
                     queue.push_back((env.host_path(&found), found));
                 }
             }
         }
-        Ok(())
+        Ok(dirs)
     }
 
     fn attach_known_libraries(

@@ -13,17 +13,17 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockKind {
     /// `halMemAlloc` of device memory.
-    HalAlloc,
+    Device,
     /// `halMemAlloc` of pinned host memory (reported on device `cpu`).
-    HalHost,
+    PinnedHost,
     /// `halMemCreate` (physical memory handle).
-    HalCreate,
+    Handle,
 }
 
 impl BlockKind {
     pub fn event_type(self) -> &'static str {
         match self {
-            BlockKind::HalHost => "HOST",
+            BlockKind::PinnedHost => "HOST",
             _ => "HAL",
         }
     }
@@ -93,10 +93,6 @@ impl ProcessState {
         }
     }
 
-    pub fn current_step(&self) -> u32 {
-        self.step
-    }
-
     /// Blocks still live, in allocation order.
     pub fn live_blocks(&self) -> Vec<Block> {
         let mut v: Vec<Block> = self
@@ -150,9 +146,9 @@ impl ProcessState {
                     return rows;
                 }
                 let kind = if f.mem_type == MemType::Host {
-                    BlockKind::HalHost
+                    BlockKind::PinnedHost
                 } else {
-                    BlockKind::HalAlloc
+                    BlockKind::Device
                 };
                 self.stats.mallocs += 1;
                 let block = self.new_block(
@@ -191,7 +187,7 @@ impl ProcessState {
                     handle,
                     *size,
                     device,
-                    BlockKind::HalCreate,
+                    BlockKind::Handle,
                     ev.tid,
                     ts_ns,
                     module,
@@ -248,49 +244,51 @@ impl ProcessState {
             }
             Call::Mark { text } => {
                 self.stats.marks += 1;
-                let device = self.thread_device_key(ev.tid);
-                rows.push(row(
-                    "MSTX",
-                    "Mark",
-                    quote_text(&guard_formula(text)),
-                    device,
-                ));
+                if let Some(device) = self.mstx_device(ev.tid, opts) {
+                    rows.push(row(
+                        "MSTX",
+                        "Mark",
+                        quote_text(&guard_formula(text)),
+                        device,
+                    ));
+                }
             }
             Call::RangeStart { text, id } => {
                 self.stats.ranges += 1;
+                // Steps advance even when `--device` keeps the row out of the output.
                 if text == "step start" {
                     self.step += 1;
                     self.step_range = Some(*id);
                 }
-                let device = self.thread_device_key(ev.tid);
-                rows.push(row(
-                    "MSTX",
-                    "Range_start",
-                    quote_text(&guard_formula(text)),
-                    device,
-                ));
+                if let Some(device) = self.mstx_device(ev.tid, opts) {
+                    let name = quote_text(&guard_formula(text));
+                    rows.push(row("MSTX", "Range_start", name, device));
+                }
             }
             Call::RangeEnd { id } => {
                 if self.step_range == Some(*id) {
                     self.step_range = None;
                 }
-                let device = self.thread_device_key(ev.tid);
-                rows.push(row(
-                    "MSTX",
-                    "Range_end",
-                    quote_text(&format!("Range end from id {id}")),
-                    device,
-                ));
+                if let Some(device) = self.mstx_device(ev.tid, opts) {
+                    let name = quote_text(&format!("Range end from id {id}"));
+                    rows.push(row("MSTX", "Range_end", name, device));
+                }
             }
         }
         rows
     }
 
-    fn thread_device_key(&self, tid: u32) -> DeviceKey {
-        self.thread_device
-            .get(&tid)
-            .map(|d| DeviceKey::Npu(*d))
-            .unwrap_or(DeviceKey::NotApplicable)
+    /// The device an mstx row is written on: the thread's current device (aclrtSetDevice),
+    /// or `None` when `--device` leaves that device out.
+    fn mstx_device(&mut self, tid: u32, opts: &TrackOptions) -> Option<DeviceKey> {
+        match self.thread_device.get(&tid) {
+            Some(d) if !opts.devices.wants_npu(*d) => {
+                self.stats.filtered += 1;
+                None
+            }
+            Some(d) => Some(DeviceKey::Npu(*d)),
+            None => Some(DeviceKey::NotApplicable),
+        }
     }
 
     fn note_unmatched(&mut self, _addr: u64, _opts: &TrackOptions) {
@@ -384,11 +382,11 @@ impl ProcessState {
             b.allocation_id, b.addr, b.size
         );
         match b.kind {
-            BlockKind::HalHost => attr.push_str(&format!(",pinned:true,used:{used}")),
-            BlockKind::HalAlloc | BlockKind::HalCreate => {
+            BlockKind::PinnedHost => attr.push_str(&format!(",pinned:true,used:{used}")),
+            BlockKind::Device | BlockKind::Handle => {
                 attr.push_str(&format!(",used:{used}"));
                 if is_malloc {
-                    let alloc_type = if b.kind == BlockKind::HalCreate {
+                    let alloc_type = if b.kind == BlockKind::Handle {
                         "create"
                     } else {
                         "alloc"

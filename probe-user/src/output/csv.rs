@@ -65,7 +65,6 @@ struct DeviceFile {
 
 /// Everything written for one traced process.
 pub struct ProcessOutput {
-    pid: u32,
     output_root: PathBuf,
     process_dir: PathBuf,
     config_json: String,
@@ -82,7 +81,6 @@ impl ProcessOutput {
         let process_dir =
             output_root.join(format!("msmemscope_{pid}_{}_ascend", local_timestamp()));
         ProcessOutput {
-            pid,
             output_root: output_root.to_path_buf(),
             process_dir,
             config_json,
@@ -94,10 +92,6 @@ impl ProcessOutput {
         }
     }
 
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
     pub fn process_dir(&self) -> &Path {
         &self.process_dir
     }
@@ -106,19 +100,7 @@ impl ProcessOutput {
         self.rows_written
     }
 
-    /// The device directories that have a dump file, with the dump directory path.
-    pub fn dump_dirs(&self) -> Vec<(DeviceKey, PathBuf)> {
-        self.files
-            .iter()
-            .map(|(k, f)| {
-                (
-                    *k,
-                    f.path.parent().unwrap_or(&self.process_dir).to_path_buf(),
-                )
-            })
-            .collect()
-    }
-
+    #[cfg(test)]
     pub fn dump_files(&self) -> Vec<PathBuf> {
         self.files.values().map(|f| f.path.clone()).collect()
     }

@@ -1,0 +1,363 @@
+//! Shared helpers for the end-to-end tests: fixture build, running the tracer, and parsers for
+//! the dump CSVs and the workloads' ground-truth logs (format in tests/fixtures/README.md).
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::{Mutex, OnceLock},
+};
+
+pub const TRACER: &str = env!("CARGO_BIN_EXE_memscope-bpf");
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// True when the tests can load BPF; otherwise prints a loud SKIPPED line.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: needs root (CAP_BPF + CAP_PERFMON) to load BPF programs");
+    println!("SKIPPED {test}: needs root");
+    false
+}
+
+/// Builds the C fixtures once per test binary and returns `tests/fixtures/build`.
+pub fn fixtures() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = repo_root().join("tests/fixtures");
+            let out = Command::new("make")
+                .arg("-s")
+                .arg("-C")
+                .arg(&dir)
+                .output()
+                .expect("run make");
+            assert!(
+                out.status.success(),
+                "fixture build failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir.join("build")
+        })
+        .clone()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    fixtures().join("bin").join(name)
+}
+
+/// Tracing tests share the kernel's uprobes on the same fixture files; run them one at a time
+/// so that timing-sensitive ones (SIGTERM mid-run) are not starved on a 2-core machine.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memscope-e2e-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn run_tracer(args: &[&str]) -> Output {
+    Command::new(TRACER)
+        .args(args)
+        .output()
+        .expect("run memscope-bpf")
+}
+
+/// One row of a memscope_dump CSV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpRow {
+    pub id: u64,
+    pub event: String,
+    pub event_type: String,
+    pub name: String,
+    pub ts: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub device: String,
+    pub ptr: String,
+    pub attr: BTreeMap<String, String>,
+    pub raw_attr: String,
+}
+
+impl DumpRow {
+    pub fn size(&self) -> u64 {
+        self.attr["size"].parse().unwrap()
+    }
+    pub fn addr(&self) -> u64 {
+        u64::from_str_radix(self.ptr.trim_start_matches("0x"), 16).unwrap()
+    }
+}
+
+pub const HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
+
+/// Splits a CSV line honouring double quotes.
+pub fn split_csv(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+pub fn parse_dump(path: &Path) -> Vec<DumpRow> {
+    let text = fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(HEADER), "header of {}", path.display());
+    lines
+        .map(|l| {
+            let f = split_csv(l);
+            assert_eq!(f.len(), 12, "12 columns in {l:?}");
+            let raw_attr = f[9].clone();
+            let mut attr = BTreeMap::new();
+            if !raw_attr.is_empty() {
+                let inner = raw_attr
+                    .strip_prefix('{')
+                    .and_then(|s| s.strip_suffix('}'))
+                    .expect("braced attr");
+                for kv in inner.split(',') {
+                    let (k, v) = kv.split_once(':').expect("k:v");
+                    attr.insert(k.to_string(), v.to_string());
+                }
+            }
+            DumpRow {
+                id: f[0].parse().unwrap(),
+                event: f[1].clone(),
+                event_type: f[2].clone(),
+                name: f[3].clone(),
+                ts: f[4].parse().unwrap(),
+                pid: f[5].parse().unwrap(),
+                tid: f[6].parse().unwrap(),
+                device: f[7].clone(),
+                ptr: f[8].clone(),
+                attr,
+                raw_attr,
+            }
+        })
+        .collect()
+}
+
+/// All files under `dir` whose name starts with `prefix`.
+pub fn find_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(find_files(&p, prefix));
+        } else if p.file_name().unwrap().to_string_lossy().starts_with(prefix) {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every dump row written under `dir`, for the process directory of `pid`.
+pub fn rows_of(dir: &Path, pid: u32) -> Vec<DumpRow> {
+    let proc_dir =
+        process_dir(dir, pid).unwrap_or_else(|| panic!("no output directory for pid {pid}"));
+    let mut rows: Vec<DumpRow> = Vec::new();
+    for f in find_files(&proc_dir, "memscope_dump_") {
+        for r in parse_dump(&f) {
+            // Device-less rows are copied into every device file: keep one copy.
+            if !rows.iter().any(|x| x.id == r.id) {
+                rows.push(r);
+            }
+        }
+    }
+    rows.sort_by_key(|r| r.id);
+    rows
+}
+
+pub fn process_dir(dir: &Path, pid: u32) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with(&format!("msmemscope_{pid}_")) && n.ends_with("_ascend")
+        })
+}
+
+/// One ground-truth line of a workload log.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GtBlock {
+    pub kind: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub dev: String,
+    pub addr: u64,
+    pub size: u64,
+    pub step: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct GroundTruth {
+    pub pid: u32,
+    pub blocks: Vec<GtBlock>,
+    pub marks: Vec<String>,
+    pub range_starts: Vec<String>,
+    pub range_ends: usize,
+    pub summary: BTreeMap<String, u64>,
+}
+
+impl GroundTruth {
+    pub fn of(&self, kind: &str) -> Vec<GtBlock> {
+        self.blocks
+            .iter()
+            .filter(|b| b.kind == kind)
+            .cloned()
+            .collect()
+    }
+}
+
+pub fn parse_log(path: &Path) -> GroundTruth {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut gt = GroundTruth::default();
+    for line in text.lines() {
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let field = |k: &str| -> Option<String> {
+            rest.split(' ')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(str::to_string))
+        };
+        let text_field = || {
+            rest.split_once("text=")
+                .map(|(_, t)| t.to_string())
+                .unwrap_or_default()
+        };
+        match kind {
+            "MALLOC" | "FREE" | "CREATE" | "RELEASE" | "LEAK" => gt.blocks.push(GtBlock {
+                kind: kind.to_string(),
+                pid: field("pid").unwrap().parse().unwrap(),
+                tid: field("tid").unwrap().parse().unwrap(),
+                dev: field("dev").unwrap(),
+                addr: u64::from_str_radix(field("addr").unwrap().trim_start_matches("0x"), 16)
+                    .unwrap(),
+                size: field("size").unwrap().parse().unwrap(),
+                step: field("step").unwrap().parse().unwrap(),
+            }),
+            "MARK" => gt.marks.push(text_field()),
+            "RANGE_START" => gt.range_starts.push(text_field()),
+            "RANGE_END" => gt.range_ends += 1,
+            "SUMMARY" => {
+                gt.pid = field("pid").unwrap().parse().unwrap();
+                for kv in rest.split(' ') {
+                    if let Some((k, v)) = kv.split_once('=') {
+                        gt.summary.insert(k.to_string(), v.parse().unwrap());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    gt
+}
+
+/// (kind, tid, device, addr, size) of memory rows, sorted, for multiset comparison.
+pub fn memory_rows(rows: &[DumpRow], event: &str) -> Vec<(u32, String, u64, u64)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .filter(|r| r.event == event)
+        .map(|r| (r.tid, r.device.clone(), r.addr(), r.size()))
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn gt_rows(gt: &GroundTruth, kinds: &[&str]) -> Vec<(u32, String, u64, u64)> {
+    let mut v: Vec<_> = gt
+        .blocks
+        .iter()
+        .filter(|b| kinds.contains(&b.kind.as_str()))
+        .map(|b| (b.tid, b.dev.clone(), b.addr, b.size))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Rows of the leak CSVs of a process: (tid, device, addr, size, step).
+pub fn leak_rows(dir: &Path, pid: u32) -> Vec<(u32, String, u64, u64, u32)> {
+    let proc_dir = process_dir(dir, pid).unwrap();
+    let mut v = Vec::new();
+    for f in find_files(&proc_dir, "leaks_") {
+        let text = fs::read_to_string(&f).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "Process Id,Thread Id,Device Id,Event Type,Ptr,Size,Step,Allocation Id,Module,Timestamp(ns)"
+            )
+        );
+        for l in lines {
+            let c: Vec<&str> = l.split(',').collect();
+            assert_eq!(c[0].parse::<u32>().unwrap(), pid);
+            v.push((
+                c[1].parse().unwrap(),
+                c[2].to_string(),
+                u64::from_str_radix(c[4].trim_start_matches("0x"), 16).unwrap(),
+                c[5].parse().unwrap(),
+                c[6].parse().unwrap(),
+            ));
+        }
+    }
+    v.sort();
+    v
+}
+
+pub fn gt_leaks(gt: &GroundTruth) -> Vec<(u32, String, u64, u64, u32)> {
+    let mut v: Vec<_> = gt
+        .of("LEAK")
+        .into_iter()
+        .map(|b| (b.tid, b.dev, b.addr, b.size, b.step))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Waits until `path` contains `needle` (a workload's `PID` line, say), up to `secs`.
+pub fn wait_for_text(path: &Path, needle: &str, secs: u64) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(t) = fs::read_to_string(path)
+            && t.contains(needle)
+        {
+            return t;
+        }
+        assert!(
+            start.elapsed().as_secs() < secs,
+            "timed out waiting for {needle:?} in {}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

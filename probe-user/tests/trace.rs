@@ -1,0 +1,497 @@
+//! End-to-end: the real tracer (real BPF, real uprobes) against the simulated vendor libraries.
+//! Every expectation comes from the workload's own ground-truth log, not from the tracer.
+
+mod common;
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+#[test]
+fn launch_mode_records_every_call_of_the_process_tree() {
+    if !require_root("launch_mode_records_every_call_of_the_process_tree") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("launch");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let workload = bin("workload");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--device=npu,cpu",
+        "--",
+        workload.to_str().unwrap(),
+        "--threads",
+        "3",
+        "--devices",
+        "2",
+        "--steps",
+        "3",
+        "--allocs",
+        "4",
+        "--leaks",
+        "1",
+        "--host",
+        "--create",
+        "--spawn-child",
+        "--exit-code",
+        "7",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "the program's exit status is ours; stderr:\n{stderr}"
+    );
+    // The program's stdout passes through untouched.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("PID ")).count(),
+        2,
+        "{stdout}"
+    );
+
+    let parent = parse_log(&log);
+    let child = parse_log(&dir.join("gt.log.child"));
+    assert_ne!(parent.pid, child.pid);
+    assert_eq!(parent.summary["mallocs"], 39);
+    assert_eq!(child.summary["mallocs"], 3);
+
+    for gt in [&parent, &child] {
+        let rows = rows_of(&out_dir, gt.pid);
+        assert!(rows.iter().all(|r| r.pid == gt.pid));
+        // Every successful allocation and free, with thread, device, address and size.
+        assert_eq!(
+            memory_rows(&rows, "MALLOC"),
+            gt_rows(gt, &["MALLOC", "CREATE"]),
+            "pid {}",
+            gt.pid
+        );
+        assert_eq!(
+            memory_rows(&rows, "FREE"),
+            gt_rows(gt, &["FREE", "RELEASE"]),
+            "pid {}",
+            gt.pid
+        );
+        let count = |event: &str, ty: &str| {
+            rows.iter()
+                .filter(|r| r.event == event && r.event_type == ty)
+                .count() as u64
+        };
+        assert_eq!(
+            count("MALLOC", "HAL") + count("MALLOC", "HOST"),
+            gt.summary["mallocs"] + gt.summary["creates"]
+        );
+        assert_eq!(count("SYSTEM", "ACL_INIT"), 1);
+        assert_eq!(count("SYSTEM", "ACL_FINI"), 1);
+        assert_eq!(count("MSTX", "Mark"), gt.summary["marks"]);
+        assert_eq!(count("MSTX", "Range_start"), gt.summary["ranges"]);
+        assert_eq!(count("MSTX", "Range_end") as usize, gt.range_ends);
+        let marks: Vec<String> = rows
+            .iter()
+            .filter(|r| r.event_type == "Mark")
+            .map(|r| r.name.clone())
+            .collect();
+        assert_eq!(marks, gt.marks);
+        // Leaks: exactly the blocks the workload left live, with the step they were made in.
+        assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt), "pid {}", gt.pid);
+        // Row ids are unique and rows are in time order within each file.
+        for f in find_files(&process_dir(&out_dir, gt.pid).unwrap(), "memscope_dump_") {
+            let rows = parse_dump(&f);
+            assert!(
+                rows.windows(2)
+                    .all(|w| w[0].ts <= w[1].ts && w[0].id < w[1].id),
+                "{}",
+                f.display()
+            );
+        }
+    }
+
+    // Parent specifics: HOST rows on device_cpu, halMemCreate with its page type.
+    let rows = rows_of(&out_dir, parent.pid);
+    let host: Vec<_> = rows.iter().filter(|r| r.event_type == "HOST").collect();
+    assert_eq!(host.len(), 6);
+    assert!(
+        host.iter()
+            .all(|r| r.device == "cpu" && r.attr["pinned"] == "true")
+    );
+    let creates: Vec<_> = rows
+        .iter()
+        .filter(|r| r.attr.get("alloc_type").map(String::as_str) == Some("create"))
+        .collect();
+    assert_eq!(creates.len(), 3);
+    assert!(
+        creates
+            .iter()
+            .all(|r| r.attr["page_type"] == "huge" && r.device == "0" && r.size() == 2097152)
+    );
+    // allocation_id pairs a FREE with its MALLOC, and `used` is the running device total.
+    let first = rows
+        .iter()
+        .find(|r| r.event == "MALLOC" && r.attr["allocation_id"] == "1")
+        .unwrap();
+    assert_eq!(
+        first.attr["used"], first.attr["size"],
+        "the first block is alone on its device"
+    );
+    let its_free = rows
+        .iter()
+        .find(|r| r.event == "FREE" && r.attr["allocation_id"] == "1")
+        .unwrap();
+    assert_eq!(its_free.ptr, first.ptr);
+
+    // Layout and permissions.
+    let pdir = process_dir(&out_dir, parent.pid).unwrap();
+    for d in ["device_0", "device_1", "device_cpu"] {
+        assert!(pdir.join(d).join("dump").is_dir(), "{d}");
+    }
+    assert_eq!(
+        fs::metadata(&pdir).unwrap().permissions().mode() & 0o777,
+        0o750
+    );
+    let cfg = pdir.join("config.json");
+    assert_eq!(
+        fs::metadata(&cfg).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert!(
+        fs::read_to_string(&cfg)
+            .unwrap()
+            .contains("\"collectCpu\": true")
+    );
+    for f in find_files(&pdir, "memscope_dump_") {
+        assert_eq!(
+            fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+    }
+    // The summary names the leaks.
+    assert!(stderr.contains("leak report: 10 HAL block(s)"), "{stderr}");
+    assert!(stderr.contains("none lost"), "{stderr}");
+}
+
+#[test]
+fn default_device_filter_leaves_out_host_memory() {
+    if !require_root("default_device_filter_leaves_out_host_memory") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("devfilter");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--device=npu:1",
+        "--",
+        bin("workload").to_str().unwrap(),
+        "--threads",
+        "2",
+        "--devices",
+        "2",
+        "--steps",
+        "1",
+        "--host",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    let pdir = process_dir(&out_dir, gt.pid).unwrap();
+    assert!(!pdir.join("device_cpu").exists() && !pdir.join("device_0").exists());
+    let want: Vec<_> = gt_rows(&gt, &["MALLOC"])
+        .into_iter()
+        .filter(|r| r.1 == "1")
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(memory_rows(&rows, "MALLOC"), want);
+}
+
+#[test]
+fn attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks() {
+    if !require_root("attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("pid");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(bin("workload"))
+        .args([
+            "--pre-allocs",
+            "2",
+            "--wait-file",
+            go.to_str().unwrap(),
+            "--steps",
+            "2",
+            "--spawn-child",
+        ])
+        .args(["--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log, "MALLOC", 10);
+    let tracer = Command::new(TRACER)
+        .args([
+            "--pid",
+            &target.id().to_string(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Attached once the tracer says so; then let the target go.
+    std::thread::sleep(Duration::from_millis(1500));
+    fs::write(&go, "").unwrap();
+    assert!(target.wait().unwrap().success());
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    // The two blocks allocated before attach are not rows; their frees are counted instead.
+    let mut want_mallocs = gt_rows(&gt, &["MALLOC"]);
+    let pre: Vec<_> = gt
+        .of("MALLOC")
+        .into_iter()
+        .filter(|b| b.step == 0)
+        .collect();
+    assert_eq!(pre.len(), 2);
+    want_mallocs.retain(|r| {
+        !pre.iter()
+            .any(|p| p.addr == r.2 && p.size == r.3 && p.tid == r.0)
+    });
+    assert_eq!(memory_rows(&rows, "MALLOC"), want_mallocs);
+    assert_eq!(memory_rows(&rows, "FREE").len() + 2, gt.of("FREE").len());
+    assert!(
+        stderr.contains("2 free(s) of addresses never seen allocated"),
+        "{stderr}"
+    );
+    assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(&gt));
+    // The child it spawned after attach is traced too.
+    let child = parse_log(&dir.join("gt.log.child"));
+    let crow = rows_of(&out_dir, child.pid);
+    assert_eq!(memory_rows(&crow, "MALLOC"), gt_rows(&child, &["MALLOC"]));
+    assert_eq!(leak_rows(&out_dir, child.pid), gt_leaks(&child));
+}
+
+#[test]
+fn library_loaded_with_dlopen_through_runpath_is_traced() {
+    if !require_root("library_loaded_with_dlopen_through_runpath_is_traced") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("dlopen");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--",
+        bin("workload_dlopen").to_str().unwrap(),
+        "--allocs",
+        "6",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(&gt, &["MALLOC"]));
+    assert_eq!(memory_rows(&rows, "FREE"), gt_rows(&gt, &["FREE"]));
+    assert_eq!(memory_rows(&rows, "MALLOC").len(), 6);
+    assert!(rows.iter().all(|r| r.device == "1"));
+    assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(&gt));
+}
+
+#[test]
+fn unrelated_process_using_the_same_library_is_not_traced() {
+    if !require_root("unrelated_process_using_the_same_library_is_not_traced") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("unrelated");
+    let out_dir = dir.join("out");
+    let noise_log = dir.join("noise.log");
+    let mut noise = Command::new(bin("workload"))
+        .args(["--loop-ms", "3000", "--log", noise_log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_text(&noise_log, "FREE", 10);
+    let log = dir.join("gt.log");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--",
+        bin("workload").to_str().unwrap(),
+        "--threads",
+        "2",
+        "--steps",
+        "2",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let _ = noise.kill();
+    let _ = noise.wait();
+    let gt = parse_log(&log);
+    let noise_pid = noise.id();
+    assert!(
+        process_dir(&out_dir, noise_pid).is_none(),
+        "the unrelated process got an output directory"
+    );
+    let rows = rows_of(&out_dir, gt.pid);
+    assert!(rows.iter().all(|r| r.pid == gt.pid));
+    assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(&gt, &["MALLOC"]));
+    // Only one process directory: ours.
+    assert_eq!(fs::read_dir(&out_dir).unwrap().count(), 1);
+}
+
+#[test]
+fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
+    if !require_root("sigterm_detaches_keeps_files_valid_and_leaves_the_target_running") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("sigterm");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(bin("workload"))
+        .args(["--loop-ms", "4000", "--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log, "MALLOC", 10);
+    let tracer = Command::new(TRACER)
+        .args([
+            "--pid",
+            &target.id().to_string(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // Let it record for a while, then ask it to stop.
+    let dump = loop {
+        if let Some(p) = process_dir(&out_dir, target.id())
+            && let Some(f) = find_files(&p, "memscope_dump_").first()
+            && fs::read_to_string(f)
+                .map(|t| t.lines().count())
+                .unwrap_or(0)
+                > 21
+        {
+            break f.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "tracer wrote nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(stderr.contains("detaching"), "{stderr}");
+    let detached_at = Instant::now();
+    // The target is unharmed: still running after detach, and it finishes normally.
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "target died with the tracer"
+    );
+    assert!(target.wait().unwrap().success());
+    assert!(
+        detached_at.elapsed() > Duration::from_millis(100),
+        "target must outlive the tracer"
+    );
+
+    // The file is complete and valid: every row parses, and each row is a real call of the
+    // target, in order: MALLOC and FREE alternate on the same address.
+    let rows = parse_dump(&dump);
+    let gt = parse_log(&log);
+    assert!(rows.len() > 20);
+    let gt_addrs: std::collections::BTreeSet<u64> =
+        gt.of("MALLOC").iter().map(|b| b.addr).collect();
+    for r in &rows {
+        assert!(
+            gt_addrs.contains(&r.addr()),
+            "row for an address the target never allocated"
+        );
+        assert_eq!(r.size(), 1048576);
+    }
+    for w in rows.windows(2) {
+        assert_ne!(
+            w[0].event, w[1].event,
+            "MALLOC/FREE alternate in this workload"
+        );
+    }
+    // Fewer rows than the target made: tracing stopped mid-run.
+    assert!(rows.len() < gt.of("MALLOC").len() + gt.of("FREE").len());
+}
+
+#[test]
+fn library_without_the_probed_symbols_is_a_warning_not_a_crash() {
+    if !require_root("library_without_the_probed_symbols_is_a_warning_not_a_crash") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("missing-symbols");
+    // A "HAL" library that exports none of the HAL functions.
+    let fake = dir.join("libascend_hal.so");
+    fs::copy(fixtures().join("lib/libms_tools_ext.so"), &fake).unwrap();
+    let out = run_tracer(&[
+        "-o",
+        dir.join("out").to_str().unwrap(),
+        "--lib",
+        fake.to_str().unwrap(),
+        "--",
+        "/bin/true",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for sym in ["halMemAlloc", "halMemFree", "halMemCreate", "halMemRelease"] {
+        assert!(
+            stderr.contains(&format!("symbol {sym} not found in {}", fake.display())),
+            "{stderr}"
+        );
+    }
+    // A file that is not ELF at all.
+    let text = dir.join("notes.so");
+    fs::write(&text, "not an elf").unwrap();
+    let out = run_tracer(&[
+        "-o",
+        dir.join("out").to_str().unwrap(),
+        "--lib",
+        text.to_str().unwrap(),
+        "--",
+        "/bin/true",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("not an ELF file"), "{stderr}");
+}
