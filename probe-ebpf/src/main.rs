@@ -237,6 +237,18 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     Some(())
 }
 
+/// Benchmark floor: the same attach points with programs that do nothing, so `cargo xtask
+/// bench` can separate the kernel's uprobe cost from ours.
+#[uprobe]
+pub fn noop_entry(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe]
+pub fn noop_return(_ctx: RetProbeContext) -> u32 {
+    0
+}
+
 /// A traced process created a task. Threads share the tgid and need nothing; a new
 /// process joins the traced set before it can run a single instruction.
 #[tracepoint]

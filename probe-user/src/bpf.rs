@@ -28,8 +28,13 @@ impl Counters {
     }
 }
 
+/// Environment variable that makes the tracer attach programs that do nothing (benchmarks only).
+pub const NOOP_PROGRAMS_ENV: &str = "MEMSCOPE_BPF_NOOP_PROGRAMS";
+
 pub struct Bpf {
     ebpf: Ebpf,
+    /// (entry, return) program names used for uprobes.
+    uprobe_programs: (&'static str, &'static str),
     traced: HashMap<MapData, u32, u32>,
     specs: Array<MapData, ProbeSpec>,
     counters: PerCpuArray<MapData, u64>,
@@ -58,7 +63,7 @@ impl Bpf {
             tp.attach(category, name)
                 .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
         }
-        for prog in ["call_entry", "call_return"] {
+        for prog in ["call_entry", "call_return", "noop_entry", "noop_return"] {
             let up: &mut UProbe = program(&mut ebpf, prog)?.try_into()?;
             up.load()
                 .with_context(|| format!("verifier rejected {prog}"))?;
@@ -70,6 +75,11 @@ impl Bpf {
         Ok((
             Bpf {
                 ebpf,
+                uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
+                    ("noop_entry", "noop_return")
+                } else {
+                    ("call_entry", "call_return")
+                },
                 traced,
                 specs,
                 counters,
@@ -94,10 +104,11 @@ impl Bpf {
         probe: u16,
         with_return: bool,
     ) -> Result<()> {
-        let mut progs = vec!["call_entry"];
+        let (entry, ret) = self.uprobe_programs;
+        let mut progs = vec![entry];
         if with_return {
             // Attach the return probe first so no entry is stored without a return to pair it.
-            progs.insert(0, "call_return");
+            progs.insert(0, ret);
         }
         for prog in progs {
             let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;

@@ -1,32 +1,18 @@
-//! memscope-bpf: trace an unmodified process's NPU memory through eBPF uprobes on the vendor
-//! libraries, and write msMemScope-compatible dumps and a leak report.
-//!
-//! Layout: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load, attach)
-//! -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state, rows)
-//! -> `output` (files) and `analysis` (leaks).
-
-mod analysis;
-mod attach;
-mod bpf;
-mod cli;
-mod decode;
-mod hal;
-mod launch;
-mod log;
-mod output;
-mod probes;
-mod session;
-mod tracefs;
-mod tracker;
+//! The `memscope-bpf` command: parse options, start or find the target, attach, run the
+//! session, print the summary. The work is done by the library (`src/lib.rs`).
 
 use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
+use memscope_bpf::{
+    analysis, attach,
     attach::{Planner, TargetEnv},
+    bpf, cli,
     cli::{DataFormat, Mode, Options},
+    launch, log, output, session,
     session::{EndReason, Session, SessionConfig},
+    tracefs,
     tracker::TrackOptions,
 };
 

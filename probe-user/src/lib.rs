@@ -1,0 +1,20 @@
+//! memscope-bpf: trace an unmodified process's NPU memory through eBPF uprobes on the vendor
+//! libraries, and write msMemScope-compatible dumps and a leak report.
+//!
+//! Data flow: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load,
+//! attach) -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state,
+//! rows) -> `output` (files) and `analysis` (leaks).
+
+pub mod analysis;
+pub mod attach;
+pub mod bpf;
+pub mod cli;
+pub mod decode;
+pub mod hal;
+pub mod launch;
+pub mod log;
+pub mod output;
+pub mod probes;
+pub mod session;
+pub mod tracefs;
+pub mod tracker;
