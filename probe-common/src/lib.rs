@@ -37,7 +37,32 @@ pub mod event_flags {
     pub const DEREF_FAULT: u16 = 1 << 2;
     /// The event carries a return value (`ret` is valid).
     pub const HAS_RET: u16 = 1 << 3;
+    /// The BPF side stopped the process (SIGSTOP) so probes can be attached before it goes
+    /// on: user space must send SIGCONT once it has handled the event.
+    pub const STOPPED: u16 = 1 << 4;
 }
+
+/// FNV-1a over a path up to its NUL (at most [`DATA_LEN`] bytes): the key of `KNOWN_PATHS`.
+/// The BPF side computes the same function over the string passed to openat.
+pub fn path_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = FNV_OFFSET;
+    let mut i = 0;
+    while i < bytes.len() && i < DATA_LEN {
+        let b = bytes[i];
+        if b == 0 {
+            break;
+        }
+        h = (h ^ b as u64).wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// Linux SIGSTOP.
+pub const SIGSTOP: u32 = 19;
 
 /// Bits of [`ProbeSpec::flags`].
 pub mod spec_flags {
@@ -141,6 +166,10 @@ pub struct TracepointOffsets {
     pub exit_group_dead: u32,
     pub openat_dfd: u32,
     pub openat_filename: u32,
+    pub openat_ret: u32,
+    /// 1: stop a traced process at exec and at the open of an unknown shared object until
+    /// user space has attached (launch mode). 0: never signal the target (attach mode).
+    pub stop_on_discovery: u32,
 }
 
 /// Linux `CLONE_THREAD`.

@@ -19,15 +19,15 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
         bpf_probe_read_user, bpf_probe_read_user_str_bytes,
-        generated::{bpf_get_attach_cookie, bpf_get_smp_processor_id},
+        generated::{bpf_get_attach_cookie, bpf_get_smp_processor_id, bpf_send_signal_thread},
     },
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use probe_common::{
-    CLONE_THREAD, DATA_LEN, MAX_ARGS, MAX_PROBES, ProbeSpec, RawEvent, TracepointOffsets, counter,
-    event_flags, kind, spec_flags,
+    CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_PROBES, ProbeSpec, RawEvent,
+    SIGSTOP, TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -61,7 +61,18 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     exit_group_dead: 32,
     openat_dfd: 16,
     openat_filename: 24,
+    openat_ret: 16,
+    stop_on_discovery: 0,
 };
+
+/// Opens of shared objects between syscall entry and exit, keyed by thread id.
+#[map]
+static OPENS: HashMap<u32, RawEvent> = HashMap::with_max_entries(4096, 0);
+
+/// Hashes (`probe_common::path_hash`) of shared-object paths user space has already planned:
+/// opening one of these never stops the process.
+#[map]
+static KNOWN_PATHS: HashMap<u64, u8> = HashMap::with_max_entries(65536, 0);
 
 #[inline(always)]
 fn offsets() -> TracepointOffsets {
@@ -298,6 +309,10 @@ fn try_process_exec(ctx: &TracePointContext) -> Option<()> {
         Ok(s) => ev.data_len = s.len() as u16,
         Err(_) => ev.flags |= event_flags::DATA_FAULT,
     }
+    // The new program has not run an instruction yet: hold it until its libraries have probes.
+    if offsets().stop_on_discovery != 0 && stop_current_thread() {
+        ev.flags |= event_flags::STOPPED;
+    }
     emit(ev);
     Some(())
 }
@@ -325,7 +340,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
-/// Library discovery: user space checks each opened path for probed symbols.
+/// Library discovery, part 1: remember the path of a shared object being opened.
 #[tracepoint]
 pub fn enter_openat(ctx: TracePointContext) -> u32 {
     let _ = try_enter_openat(&ctx);
@@ -344,8 +359,70 @@ fn try_enter_openat(ctx: &TracePointContext) -> Option<()> {
     let ev = scratch(kind::OPEN, tgid, tid)?;
     ev.args[0] = dfd as u64;
     copy_user_str(ev, filename as *const u8);
-    emit(ev);
+    let (hash, shared_object) = scan_path(&ev.data);
+    if !shared_object {
+        return None;
+    }
+    ev.args[1] = hash;
+    let _ = OPENS.insert(&tid, ev, 0);
     Some(())
+}
+
+/// Library discovery, part 2: the open succeeded. User space checks the object for probed
+/// symbols; in launch mode a shared object nobody planned for stops the process first, so it
+/// cannot be mapped and called before it has probes. Failed opens (the loader trying each
+/// directory of its search path) are dropped here.
+#[tracepoint]
+pub fn exit_openat(ctx: TracePointContext) -> u32 {
+    let _ = try_exit_openat(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
+    let (_, tid) = current_ids();
+    let ev = unsafe { &mut *OPENS.get_ptr_mut(&tid)? };
+    let ret: i64 = unsafe { ctx.read_at(offsets().openat_ret as usize) }.unwrap_or(-1);
+    if ret >= 0 {
+        if offsets().stop_on_discovery != 0
+            && unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_none()
+            && stop_current_thread()
+        {
+            ev.flags |= event_flags::STOPPED;
+        }
+        emit(ev);
+    }
+    let _ = OPENS.remove(&tid);
+    Some(())
+}
+
+/// FNV-1a of the path (as `probe_common::path_hash`) and whether its file name contains `.so`.
+#[inline(always)]
+fn scan_path(data: &[u8; DATA_LEN]) -> (u64, bool) {
+    let mut h = FNV_OFFSET;
+    let mut shared_object = false;
+    let mut prev2 = 0u8;
+    let mut prev1 = 0u8;
+    for i in 0..DATA_LEN {
+        let b = data[i];
+        if b == 0 {
+            break;
+        }
+        h = (h ^ b as u64).wrapping_mul(FNV_PRIME);
+        if b == b'/' {
+            shared_object = false;
+        } else if prev2 == b'.' && prev1 == b's' && b == b'o' {
+            shared_object = true;
+        }
+        prev2 = prev1;
+        prev1 = b;
+    }
+    (h, shared_object)
+}
+
+#[inline(always)]
+fn stop_current_thread() -> bool {
+    unsafe { bpf_send_signal_thread(SIGSTOP) == 0 }
 }
 
 #[cfg(not(test))]

@@ -376,6 +376,8 @@ impl Planner {
     ) -> Result<()> {
         self.load_specs(bpf)?;
         self.seen_paths.insert(host.to_path_buf());
+        // Opening this path later needs no stop: it has been planned (launch mode).
+        bpf.mark_known_path(shown.as_os_str().as_bytes());
         let meta = match fs::metadata(host) {
             Ok(m) => m,
             Err(e) => {

@@ -36,6 +36,7 @@ pub struct Bpf {
     /// (entry, return) program names used for uprobes.
     uprobe_programs: (&'static str, &'static str),
     traced: HashMap<MapData, u32, u32>,
+    known_paths: HashMap<MapData, u64, u8>,
     specs: Array<MapData, ProbeSpec>,
     counters: PerCpuArray<MapData, u64>,
 }
@@ -56,6 +57,7 @@ impl Bpf {
             ("process_exec", "sched", "sched_process_exec"),
             ("process_exit", "sched", "sched_process_exit"),
             ("enter_openat", "syscalls", "sys_enter_openat"),
+            ("exit_openat", "syscalls", "sys_exit_openat"),
         ] {
             let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
             tp.load()
@@ -70,6 +72,7 @@ impl Bpf {
         }
         let ring = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?)?;
         let traced = HashMap::try_from(take_map(&mut ebpf, "TRACED")?)?;
+        let known_paths = HashMap::try_from(take_map(&mut ebpf, "KNOWN_PATHS")?)?;
         let specs = Array::try_from(take_map(&mut ebpf, "PROBE_SPECS")?)?;
         let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)?;
         Ok((
@@ -81,6 +84,7 @@ impl Bpf {
                     ("call_entry", "call_return")
                 },
                 traced,
+                known_paths,
                 specs,
                 counters,
             },
@@ -137,6 +141,12 @@ impl Bpf {
     /// The processes currently traced (the BPF side drops a process when its last thread exits).
     pub fn traced_processes(&self) -> Vec<u32> {
         self.traced.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Marks a shared-object path (as a target would pass it to openat) as planned, so opening
+    /// it does not stop the process (launch mode).
+    pub fn mark_known_path(&mut self, path: &[u8]) {
+        let _ = self.known_paths.insert(probe_common::path_hash(path), 1, 0);
     }
 
     pub fn forget_process(&mut self, pid: u32) {

@@ -70,9 +70,11 @@ pub enum Decoded {
         child: u32,
         ts_mono: u64,
     },
+    /// `stopped`: the BPF side stopped the process; it must be continued once handled.
     Exec {
         pid: u32,
         path: PathBuf,
+        stopped: bool,
         ts_mono: u64,
     },
     Exit {
@@ -83,6 +85,7 @@ pub enum Decoded {
         pid: u32,
         dfd: i32,
         path: PathBuf,
+        stopped: bool,
         ts_mono: u64,
     },
 }
@@ -109,7 +112,7 @@ pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
 }
 
 pub fn decode(raw: &RawEvent) -> Option<Decoded> {
-    let text = || String::from_utf8_lossy(raw.data()).into_owned();
+    let stopped = raw.flags & event_flags::STOPPED != 0;
     let path =
         || PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(raw.data()));
     match raw.kind {
@@ -122,21 +125,20 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
         kind::EXEC => Some(Decoded::Exec {
             pid: raw.pid,
             path: path(),
+            stopped,
             ts_mono: raw.ts_ns,
         }),
         kind::EXIT => Some(Decoded::Exit {
             pid: raw.pid,
             ts_mono: raw.ts_ns,
         }),
-        kind::OPEN => {
-            let _ = text;
-            Some(Decoded::Open {
-                pid: raw.pid,
-                dfd: raw.args[0] as i32,
-                path: path(),
-                ts_mono: raw.ts_ns,
-            })
-        }
+        kind::OPEN => Some(Decoded::Open {
+            pid: raw.pid,
+            dfd: raw.args[0] as i32,
+            path: path(),
+            stopped,
+            ts_mono: raw.ts_ns,
+        }),
         _ => None,
     }
 }

@@ -96,12 +96,14 @@ fn run(opts: Options) -> Result<u8> {
     // Resolve what to run before anything irreversible happens.
     let launch = match &opts.mode {
         Mode::Launch { program, args } => {
-            let resolved = attach::find_program(program).ok_or_else(|| {
-                usage(format!(
-                    "program not found or not executable: {}",
-                    program.to_string_lossy()
-                ))
-            })?;
+            let resolved = attach::find_program(program)
+                .map(|p| p.canonicalize().unwrap_or(p))
+                .ok_or_else(|| {
+                    usage(format!(
+                        "program not found or not executable: {}",
+                        program.to_string_lossy()
+                    ))
+                })?;
             let mut argv: Vec<OsString> = vec![program.clone()];
             argv.extend(args.iter().cloned());
             Some((resolved, argv))
@@ -118,7 +120,10 @@ fn run(opts: Options) -> Result<u8> {
         );
     }
     let tracefs = tracefs::ensure_mounted()?;
-    let offsets = tracefs::read_offsets(tracefs)?;
+    let mut offsets = tracefs::read_offsets(tracefs)?;
+    // Launch mode may hold the target at exec and at the open of an unplanned shared object
+    // until it has probes; attach mode never signals the target.
+    offsets.stop_on_discovery = matches!(opts.mode, Mode::Launch { .. }) as u32;
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     let mut planner = Planner::new(opts.libs.clone());
 
@@ -129,6 +134,8 @@ fn run(opts: Options) -> Result<u8> {
             let pid = gated.pid;
             let setup = (|| -> Result<()> {
                 bpf.trace_process(pid)?;
+                // Every process reads this when it starts; it is not a library.
+                bpf.mark_known_path(b"/etc/ld.so.cache");
                 let env = TargetEnv::current();
                 planner.plan_launch(&mut bpf, &program, &env)?;
                 if let Some(interp) = attach::script_interpreter(&program) {

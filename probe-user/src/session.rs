@@ -188,7 +188,15 @@ impl Session {
                 self.bpf.forget_process(pid);
             }
         }
-        self.drain(ring.get_mut())?;
+        // The final drain handles (and so resumes) every process the BPF side stopped.
+        let still_traced = self.bpf.traced_processes();
+        let drained = self.drain(ring.get_mut());
+        // Belt and braces: whatever happened above, nothing we traced may stay stopped.
+        for pid in still_traced {
+            // SAFETY: plain kill(2); a no-op for a process that is not stopped.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        drained?;
         self.release(true)?;
         self.housekeeping();
         let cause = match end {
@@ -254,13 +262,30 @@ impl Session {
             };
             self.events += 1;
             match &ev {
-                Decoded::Exec { pid, path, .. } => {
+                Decoded::Exec {
+                    pid, path, stopped, ..
+                } => {
                     log::debug(&format!("pid {pid} exec {}", path.display()));
-                    self.planner.on_exec(&mut self.bpf, *pid, path)?;
+                    let planned = self.planner.on_exec(&mut self.bpf, *pid, path);
+                    self.resume_if(*stopped, *pid);
+                    planned?;
                     self.print_planner_messages();
                 }
-                Decoded::Open { pid, dfd, path, .. } => {
-                    self.planner.on_open(&mut self.bpf, *pid, *dfd, path)?;
+                Decoded::Open {
+                    pid,
+                    dfd,
+                    path,
+                    stopped,
+                    ..
+                } => {
+                    let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
+                    if *stopped {
+                        log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
+                        self.bpf
+                            .mark_known_path(path.as_os_str().as_encoded_bytes());
+                    }
+                    self.resume_if(*stopped, *pid);
+                    planned?;
                     self.print_planner_messages();
                 }
                 Decoded::Fork { parent, child, .. } => {
@@ -345,6 +370,15 @@ impl Session {
                 blocks,
                 files,
             });
+        }
+    }
+
+    /// Continues a process the BPF side stopped for us (see `STOPPED`).
+    fn resume_if(&mut self, stopped: bool, pid: u32) {
+        if stopped {
+            log::debug(&format!("pid {pid} resumed after attaching"));
+            // SAFETY: plain kill(2); a process that is gone makes it fail harmlessly.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
     }
 

@@ -55,6 +55,8 @@ pub fn read_offsets(root: &Path) -> Result<TracepointOffsets> {
         exit_group_dead: field("sched/sched_process_exit", "group_dead")?,
         openat_dfd: field("syscalls/sys_enter_openat", "dfd")?,
         openat_filename: field("syscalls/sys_enter_openat", "filename")?,
+        openat_ret: field("syscalls/sys_exit_openat", "ret")?,
+        stop_on_discovery: 0,
     })
 }
 

@@ -495,3 +495,90 @@ fn library_without_the_probed_symbols_is_a_warning_not_a_crash() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("not an ELF file"), "{stderr}");
 }
+
+#[test]
+fn library_dlopened_from_an_unpredictable_path_is_traced_from_its_first_call() {
+    if !require_root("library_dlopened_from_an_unpredictable_path_is_traced_from_its_first_call") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("dlopen-abs");
+    // A copy of the HAL in a directory no search path names: only the open reveals it, and the
+    // workload calls it right after dlopen returns.
+    let lib = dir.join("vendor/libascend_hal.so");
+    fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    fs::copy(fixtures().join("lib/libascend_hal.so"), &lib).unwrap();
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--",
+        bin("workload_dlopen").to_str().unwrap(),
+        "--lib-path",
+        lib.to_str().unwrap(),
+        "--allocs",
+        "4",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(&gt, &["MALLOC"]));
+    assert_eq!(memory_rows(&rows, "FREE"), gt_rows(&gt, &["FREE"]));
+    assert_eq!(gt.of("MALLOC").len(), 4);
+}
+
+#[test]
+fn shell_script_that_sets_its_own_library_path_is_traced() {
+    if !require_root("shell_script_that_sets_its_own_library_path_is_traced") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("script");
+    // The script points the loader at a private copy of the vendor libraries, which the tracer
+    // cannot know about before the script runs, then starts the real program.
+    let libdir = dir.join("private-lib");
+    fs::create_dir_all(&libdir).unwrap();
+    for l in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
+        fs::copy(fixtures().join("lib").join(l), libdir.join(l)).unwrap();
+    }
+    let log = dir.join("gt.log");
+    let script = dir.join("run.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nexport LD_LIBRARY_PATH={}\n{} --allocs 5 --log {}\nexit 3\n",
+            libdir.display(),
+            bin("workload_dlopen").display(),
+            log.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "bash",
+        script.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(&gt, &["MALLOC"]));
+    assert_eq!(memory_rows(&rows, "FREE"), gt_rows(&gt, &["FREE"]));
+    assert!(!gt.of("MALLOC").is_empty());
+    // bash itself made no HAL calls: the only output directory is the program's.
+    assert_eq!(fs::read_dir(&out_dir).unwrap().count(), 1);
+}
