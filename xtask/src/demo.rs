@@ -46,7 +46,7 @@ pub fn run(repo: &Path) -> Result<u8> {
     let mut trace = Command::new(&tracer);
     trace
         .current_dir(repo)
-        .arg(format!("--output={}", out_dir.display()))
+        .arg(format!("--output-path={}", out_dir.display()))
         .arg("--")
         .arg(&workload);
     println!("{TAG} + {}", cmd::describe(&trace));
