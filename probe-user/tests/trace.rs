@@ -582,3 +582,95 @@ fn shell_script_that_sets_its_own_library_path_is_traced() {
     // bash itself made no HAL calls: the only output directory is the program's.
     assert_eq!(fs::read_dir(&out_dir).unwrap().count(), 1);
 }
+
+#[test]
+fn target_crash_loses_nothing_and_reports_live_blocks() {
+    if !require_root("target_crash_loses_nothing_and_reports_live_blocks") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("crash");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let tracer = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--"])
+        .arg(bin("workload"))
+        .args(["--loop-ms", "20000", "--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&log, "FREE", 10);
+    let pid: u32 = text
+        .lines()
+        .find_map(|l| l.split("pid=").nth(1))
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: killing the workload we started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGKILL), "{stderr}");
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, pid);
+    // Every call the workload logged before it died is a row (the log is written after each
+    // call returns, so the row set may hold at most one call more than the log).
+    let mallocs = memory_rows(&rows, "MALLOC");
+    let logged = gt_rows(&gt, &["MALLOC"]);
+    assert!(
+        mallocs.len() >= logged.len() && mallocs.len() <= logged.len() + 1,
+        "{} rows vs {} logged",
+        mallocs.len(),
+        logged.len()
+    );
+    assert!(logged.iter().all(|m| mallocs.contains(m)));
+    // Blocks live at the crash are in the leak report: allocations without a free.
+    let frees = memory_rows(&rows, "FREE");
+    assert_eq!(leak_rows(&out_dir, pid).len(), mallocs.len() - frees.len());
+}
+
+#[test]
+fn sigint_in_launch_mode_detaches_and_the_program_runs_on() {
+    if !require_root("sigint_in_launch_mode_detaches_and_the_program_runs_on") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("sigint");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let tracer = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--"])
+        .arg(bin("workload"))
+        .args(["--loop-ms", "2500", "--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&log, "FREE", 10);
+    let pid: u32 = text
+        .lines()
+        .find_map(|l| l.split("pid=").nth(1))
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling the tracer we started (only it: a terminal would signal both).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let out = tracer.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("live when tracing stopped"));
+    // The program was not harmed: it finishes its loop and writes its summary.
+    wait_for_text(&log, "SUMMARY", 10);
+    let gt = parse_log(&log);
+    assert_eq!(gt.pid, pid);
+    let rows = rows_of(&out_dir, pid);
+    assert!(!rows.is_empty() && memory_rows(&rows, "MALLOC").len() < gt.of("MALLOC").len());
+}
