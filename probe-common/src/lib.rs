@@ -25,7 +25,15 @@ pub mod kind {
     pub const EXIT: u16 = 4;
     /// A traced process opened a file; `data` = the path as passed to openat, `args[0]` = dfd.
     pub const OPEN: u16 = 5;
+    /// Part of an array walked by a `BATCH` probe: `args[0..2]` = the call's first two
+    /// arguments, `args[2]` = element count of the whole batch, `args[3]` = index of the first
+    /// element here, `args[4]` = elements here; `data` = the elements (`array2` ones at
+    /// `array2_base`).
+    pub const CHUNK: u16 = 6;
 }
+
+/// Chunks a `BATCH` probe emits at most per call (more elements are counted as dropped).
+pub const MAX_CHUNKS: u32 = 4096;
 
 /// Bits of [`RawEvent::flags`].
 pub mod event_flags {
@@ -74,6 +82,13 @@ pub mod spec_flags {
     pub const DATA_IS_BYTES: u32 = 1 << 2;
     /// At return, read the u64 that the pointer argument `deref_arg` points to (out-parameters).
     pub const DEREF_AT_RETURN: u32 = 1 << 3;
+    /// After copying `data_len` bytes, follow the pointer stored at `data[indirect_off]` and
+    /// append `indirect_len` bytes from there (a struct that points to a descriptor). Both
+    /// `data_len` and `indirect_len` must be below `DATA_LEN / 2`.
+    pub const INDIRECT: u32 = 1 << 4;
+    /// The copied struct describes an array (`count_off`, `array_off`): emit it as CHUNK
+    /// events instead of a CALL event (at return when `WANTS_RETURN`, else at entry).
+    pub const BATCH: u32 = 1 << 5;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).
@@ -87,7 +102,25 @@ pub struct ProbeSpec {
     pub data_len: u32,
     /// Argument index of the out-pointer read at return.
     pub deref_arg: u32,
+    pub indirect_off: u32,
+    pub indirect_len: u32,
+    /// Offsets in the copied struct of the element count (u64) and of the array pointer.
+    pub count_off: u32,
+    pub array_off: u32,
+    pub elem_size: u32,
+    /// Elements per CHUNK event (`per_chunk * elem_size` <= `array2_base`).
+    pub per_chunk: u32,
+    /// Optional parallel array (e.g. handles written by the callee): pointer offset in the
+    /// struct (`NO_ARRAY2` for none), element size, and where its elements go in `data`.
+    /// The BPF side bounds these with masks: `per_chunk * elem_size < DATA_LEN`,
+    /// `array2_base` a multiple of `DATA_LEN / 4`, `per_chunk * elem2_size < DATA_LEN / 4`.
+    pub array2_off: u32,
+    pub elem2_size: u32,
+    pub array2_base: u32,
 }
+
+/// `ProbeSpec::array2_off` when there is no second array.
+pub const NO_ARRAY2: u32 = u32::MAX;
 
 /// One record in the `EVENTS` ring buffer.
 #[repr(C)]
@@ -152,7 +185,9 @@ pub mod counter {
     pub const ORPHAN_RETURN: u32 = 2;
     /// Processes that could not be added to the traced set (map full).
     pub const TRACED_FULL: u32 = 3;
-    pub const COUNT: u32 = 4;
+    /// Batch elements beyond `MAX_CHUNKS` chunks, or whose memory could not be read.
+    pub const BATCH_DROPPED: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Offsets into tracepoint records, read from tracefs `format` files by user space and

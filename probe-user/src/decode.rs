@@ -50,6 +50,67 @@ pub enum Call {
     RangeEnd {
         id: u64,
     },
+    DomainCreate {
+        name: String,
+        handle: u64,
+    },
+    /// `range`: the heap's `mstxMemVirtualRangeDesc_t`, when it could be read.
+    HeapRegister {
+        domain: u64,
+        heap: u64,
+        range: Option<RegionDesc>,
+    },
+    HeapUnregister {
+        domain: u64,
+        heap: u64,
+    },
+    /// One chunk of a batch: `first` is the index of `regions[0]` in the batch of `total`.
+    RegionsRegister {
+        domain: u64,
+        regions: Vec<RegionDesc>,
+        first: u64,
+        total: u64,
+    },
+    RegionsUnregister {
+        domain: u64,
+        refs: Vec<RegionRef>,
+        first: u64,
+        total: u64,
+    },
+}
+
+/// A memory region reported by a framework pool (`mstxMemVirtualRangeDesc_t`), with the handle
+/// the mstx library returned for it (0 if none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionDesc {
+    pub device: u32,
+    pub ptr: u64,
+    pub size: u64,
+    pub handle: u64,
+}
+
+/// `mstxMemRegionRef_t`: a region named by its address or by its handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionRef {
+    Pointer(u64),
+    Handle(u64),
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+
+fn range_desc(b: &[u8]) -> Option<RegionDesc> {
+    Some(RegionDesc {
+        device: u32_at(b, 0)?,
+        ptr: u64_at(b, 8)?,
+        size: u64_at(b, 16)?,
+        handle: 0,
+    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +193,7 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
             pid: raw.pid,
             ts_mono: raw.ts_ns,
         }),
+        kind::CHUNK => decode_chunk(raw).map(Decoded::Call),
         kind::OPEN => Some(Decoded::Open {
             pid: raw.pid,
             dfd: raw.args[0] as i32,
@@ -209,10 +271,96 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             raw.ts_ns,
         ),
         ProbeId::MstxRangeEnd => (Call::RangeEnd { id: raw.args[0] }, raw.ts_ns),
+        ProbeId::MstxDomainCreateA => (
+            Call::DomainCreate {
+                name: text(),
+                handle: raw.ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::MstxMemHeapRegister => (
+            Call::HeapRegister {
+                domain: raw.args[0],
+                heap: raw.ret,
+                range: (raw.flags & event_flags::DATA_FAULT == 0)
+                    .then(|| range_desc(raw.data().get(16..)?))
+                    .flatten(),
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::MstxMemHeapUnregister => (
+            Call::HeapUnregister {
+                domain: raw.args[0],
+                heap: raw.args[1],
+            },
+            raw.ts_ns,
+        ),
+        // Batches arrive as CHUNK events; a CALL record of these is never emitted.
+        ProbeId::MstxMemRegionsRegister | ProbeId::MstxMemRegionsUnregister => return None,
     };
     if id_wants_return(id) && !has_ret {
         return None;
     }
+    Some(CallEvent {
+        pid: raw.pid,
+        tid: raw.tid,
+        ts_mono: if ts == 0 { raw.ts_ns } else { ts },
+        call,
+    })
+}
+
+fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
+    use crate::probes::{RANGE_DESC_SIZE, REFS_PER_CHUNK, REGION_HANDLES_BASE, REGION_REF_SIZE};
+    if raw.flags & event_flags::DATA_FAULT != 0 {
+        return None;
+    }
+    let data = &raw.data;
+    let (domain, total, first, n) = (raw.args[0], raw.args[2], raw.args[3], raw.args[4] as usize);
+    let (call, ts) = match ProbeId::from_raw(raw.probe)? {
+        ProbeId::MstxMemRegionsRegister => {
+            let has_handles = raw.flags & event_flags::DEREF_FAULT == 0;
+            let regions = (0..n.min(crate::probes::REGIONS_PER_CHUNK as usize))
+                .filter_map(|i| {
+                    let mut r = range_desc(&data[i * RANGE_DESC_SIZE as usize..])?;
+                    if has_handles {
+                        r.handle = u64_at(data, REGION_HANDLES_BASE as usize + i * 8).unwrap_or(0);
+                    }
+                    Some(r)
+                })
+                .collect();
+            (
+                Call::RegionsRegister {
+                    domain,
+                    regions,
+                    first,
+                    total,
+                },
+                raw.ret_ts_ns,
+            )
+        }
+        ProbeId::MstxMemRegionsUnregister => {
+            let refs = (0..n.min(REFS_PER_CHUNK as usize))
+                .filter_map(|i| {
+                    let at = i * REGION_REF_SIZE as usize;
+                    let value = u64_at(data, at + 8)?;
+                    Some(match u32_at(data, at)? {
+                        0 => RegionRef::Pointer(value),
+                        _ => RegionRef::Handle(value),
+                    })
+                })
+                .collect();
+            (
+                Call::RegionsUnregister {
+                    domain,
+                    refs,
+                    first,
+                    total,
+                },
+                raw.ts_ns,
+            )
+        }
+        _ => return None,
+    };
     Some(CallEvent {
         pid: raw.pid,
         tid: raw.tid,

@@ -13,7 +13,7 @@ use memscope_bpf::{
     launch, log, output, session,
     session::{EndReason, Session, SessionConfig},
     tracefs,
-    tracker::TrackOptions,
+    tracker::{StepFilter, TrackOptions},
 };
 
 /// Exit code for a usage error (bad option, missing pid or program, bad output directory).
@@ -73,7 +73,6 @@ fn run(opts: Options) -> Result<u8> {
         ));
     }
     for (given, what) in [
-        (!opts.steps.is_empty(), "--steps"),
         (
             opts.call_stack.c_depth.is_some() || opts.call_stack.python_depth.is_some(),
             "--call-stack",
@@ -178,6 +177,8 @@ fn run(opts: Options) -> Result<u8> {
         track: TrackOptions {
             dump: opts.dump_events,
             devices: opts.devices,
+            steps: StepFilter::new(&opts.steps),
+            step_analyses: opts.analysis.leaks && opts.steps.is_empty(),
         },
         leaks: opts.analysis.leaks,
         child,
@@ -242,6 +243,12 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path) {
     }
     if !r.leaks.is_empty() {
         for line in analysis::leaks::format_report(&r.leaks, 20).lines() {
+            log::info(line);
+        }
+    }
+    for p in r.leaks.iter().filter(|p| !p.pool_report.is_empty()) {
+        log::info(&format!("pid {}: framework memory pools", p.pid));
+        for line in p.pool_report.lines() {
             log::info(line);
         }
     }

@@ -1,7 +1,7 @@
 //! The probe table: which vendor entry points are traced and what each one captures.
 //! This is the only place that knows symbol names; the BPF programs only see probe ids.
 
-use probe_common::{ProbeSpec, spec_flags as sf};
+use probe_common::{NO_ARRAY2, ProbeSpec, spec_flags as sf};
 
 /// Size of `struct drv_mem_prop` (five u32 and a u64 at offset 24).
 pub const DRV_MEM_PROP_SIZE: u32 = 32;
@@ -19,6 +19,11 @@ pub enum ProbeId {
     MstxMarkA = 8,
     MstxRangeStartA = 9,
     MstxRangeEnd = 10,
+    MstxDomainCreateA = 11,
+    MstxMemHeapRegister = 12,
+    MstxMemHeapUnregister = 13,
+    MstxMemRegionsRegister = 14,
+    MstxMemRegionsUnregister = 15,
 }
 
 impl ProbeId {
@@ -57,16 +62,44 @@ pub const MSTX_LIBRARY: &str = "libms_tools_ext.so";
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 3] = [HAL_LIBRARY, ACL_LIBRARY, MSTX_LIBRARY];
 
+const NONE: ProbeSpec = ProbeSpec {
+    flags: 0,
+    data_arg: 0,
+    data_len: 0,
+    deref_arg: 0,
+    indirect_off: 0,
+    indirect_len: 0,
+    count_off: 0,
+    array_off: 0,
+    elem_size: 0,
+    per_chunk: 0,
+    array2_off: NO_ARRAY2,
+    elem2_size: 0,
+    array2_base: 0,
+};
+
 const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> ProbeSpec {
     ProbeSpec {
         flags,
         data_arg,
         data_len,
         deref_arg,
+        ..NONE
     }
 }
 
-pub const PROBES: [ProbeDef; 10] = [
+/// Size of `mstxMemVirtualRangeDesc_t { u32 deviceId; const void *ptr; u64 size; }`.
+pub const RANGE_DESC_SIZE: u32 = 24;
+/// Size of `mstxMemRegionRef_t { u32 refType; union { ptr, handle }; }`.
+pub const REGION_REF_SIZE: u32 = 16;
+/// Regions per CHUNK event of `mstxMemRegionsRegister`: 7 descriptors (168 bytes), then their
+/// handles at byte 192 (the BPF side's mask-friendly bounds, see `ProbeSpec`).
+pub const REGIONS_PER_CHUNK: u32 = 7;
+pub const REGION_HANDLES_BASE: u32 = 192;
+/// References per CHUNK event of `mstxMemRegionsUnregister`.
+pub const REFS_PER_CHUNK: u32 = 15;
+
+pub const PROBES: [ProbeDef; 15] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -140,6 +173,67 @@ pub const PROBES: [ProbeDef; 10] = [
         home: Home::AnyExporter,
         spec: spec(0, 0, 0, 0),
     },
+    // mstxDomainHandle_t mstxDomainCreateA(const char *name): names the memory pools.
+    ProbeDef {
+        id: ProbeId::MstxDomainCreateA,
+        symbol: "mstxDomainCreateA",
+        home: Home::AnyExporter,
+        spec: spec(sf::WANTS_RETURN | sf::DATA_IS_STRING, 0, 0, 0),
+    },
+    // mstxMemHeapHandle_t mstxMemHeapRegister(domain, const mstxMemHeapDesc_t *desc):
+    // the 16-byte heap descriptor, then the range descriptor its typeSpecificDesc points to.
+    ProbeDef {
+        id: ProbeId::MstxMemHeapRegister,
+        symbol: "mstxMemHeapRegister",
+        home: Home::AnyExporter,
+        spec: ProbeSpec {
+            indirect_off: 8,
+            indirect_len: RANGE_DESC_SIZE,
+            ..spec(
+                sf::WANTS_RETURN | sf::DATA_IS_BYTES | sf::INDIRECT,
+                1,
+                16,
+                0,
+            )
+        },
+    },
+    // void mstxMemHeapUnregister(domain, heap)
+    ProbeDef {
+        id: ProbeId::MstxMemHeapUnregister,
+        symbol: "mstxMemHeapUnregister",
+        home: Home::AnyExporter,
+        spec: spec(0, 0, 0, 0),
+    },
+    // void mstxMemRegionsRegister(domain, const mstxMemRegionsRegisterBatch_t *batch):
+    // walked at return, when the callee has filled regionHandleArrayOut.
+    ProbeDef {
+        id: ProbeId::MstxMemRegionsRegister,
+        symbol: "mstxMemRegionsRegister",
+        home: Home::AnyExporter,
+        spec: ProbeSpec {
+            count_off: 16,
+            array_off: 24,
+            elem_size: RANGE_DESC_SIZE,
+            per_chunk: REGIONS_PER_CHUNK,
+            array2_off: 32,
+            elem2_size: 8,
+            array2_base: REGION_HANDLES_BASE,
+            ..spec(sf::WANTS_RETURN | sf::DATA_IS_BYTES | sf::BATCH, 1, 40, 0)
+        },
+    },
+    // void mstxMemRegionsUnregister(domain, const mstxMemRegionsUnregisterBatch_t *batch)
+    ProbeDef {
+        id: ProbeId::MstxMemRegionsUnregister,
+        symbol: "mstxMemRegionsUnregister",
+        home: Home::AnyExporter,
+        spec: ProbeSpec {
+            count_off: 0,
+            array_off: 8,
+            elem_size: REGION_REF_SIZE,
+            per_chunk: REFS_PER_CHUNK,
+            ..spec(sf::DATA_IS_BYTES | sf::BATCH, 1, 16, 0)
+        },
+    },
 ];
 
 /// The probes expected in a library of this file name (for "missing symbol" warnings).
@@ -191,6 +285,21 @@ mod tests {
             hal,
             ["halMemAlloc", "halMemFree", "halMemCreate", "halMemRelease"]
         );
-        assert_eq!(expected_in("libms_tools_ext.so").len(), 3);
+        assert_eq!(expected_in("libms_tools_ext.so").len(), 8);
+        for p in &PROBES {
+            if p.spec.flags & sf::BATCH != 0 {
+                let quarter = probe_common::DATA_LEN as u32 / 4;
+                assert!(p.spec.per_chunk * p.spec.elem_size < probe_common::DATA_LEN as u32);
+                if p.spec.array2_off != NO_ARRAY2 {
+                    assert!(p.spec.array2_base >= p.spec.per_chunk * p.spec.elem_size);
+                    assert_eq!(p.spec.array2_base % quarter, 0);
+                    assert!(p.spec.per_chunk * p.spec.elem2_size < quarter);
+                }
+            }
+            if p.spec.flags & sf::INDIRECT != 0 {
+                let half = probe_common::DATA_LEN as u32 / 2;
+                assert!(p.spec.data_len < half && p.spec.indirect_len < half);
+            }
+        }
     }
 }

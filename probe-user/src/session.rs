@@ -318,6 +318,9 @@ impl Session {
                     let track = self.cfg.track;
                     let traced = self.traced(call.pid);
                     let rows = traced.state.apply(&call, ts, &track);
+                    for m in traced.state.messages.drain(..) {
+                        log::debug(&m);
+                    }
                     for row in rows {
                         if let Err(e) = traced.out.write(row) {
                             log::error(&format!("{e:#}"));
@@ -364,11 +367,13 @@ impl Session {
             log::error(&format!("{e:#}"));
         }
         if self.cfg.leaks {
+            let pool_report = t.state.pool_report();
             self.leaks.push(ProcessLeaks {
                 pid,
                 cause,
                 blocks,
                 files,
+                pool_report,
             });
         }
     }

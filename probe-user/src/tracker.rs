@@ -4,10 +4,12 @@
 use std::collections::HashMap;
 
 use crate::{
+    analysis::steps::{Gaps, LiveBlock, StepLeaks},
     cli::{DeviceFilter, EventSet},
     decode::{Call, CallEvent},
     hal::{self, AllocFlag, DEVICE_CPU, MemType, PageType},
     output::{DeviceKey, Row, csv::quote_text},
+    pools::{PoolKind, Pools, RegionChange},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,12 +20,15 @@ pub enum BlockKind {
     PinnedHost,
     /// `halMemCreate` (physical memory handle).
     Handle,
+    /// A region of a framework pool (mstx memory API).
+    Pool(PoolKind),
 }
 
 impl BlockKind {
     pub fn event_type(self) -> &'static str {
         match self {
             BlockKind::PinnedHost => "HOST",
+            BlockKind::Pool(p) => p.event_type(),
             _ => "HAL",
         }
     }
@@ -62,6 +67,10 @@ pub struct ProcessStats {
     pub double_mallocs: u64,
     /// Events dropped by `--device`.
     pub filtered: u64,
+    pub pool_mallocs: u64,
+    pub pool_frees: u64,
+    /// Pool regions freed that were never seen registered.
+    pub pool_unmatched: u64,
 }
 
 /// State of one traced process.
@@ -75,7 +84,39 @@ pub struct ProcessState {
     step: u32,
     step_range: Option<u64>,
     thread_device: HashMap<u32, u32>,
+    pools: Pools,
+    pool_blocks: HashMap<(PoolKind, u64), Block>,
+    step_leaks: StepLeaks,
+    gaps: Gaps,
+    /// Findings of the step analyses, for the caller to log.
+    pub messages: Vec<String>,
     pub stats: ProcessStats,
+}
+
+/// `--steps`: the mstx steps whose events are kept (empty: all events).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepFilter {
+    steps: [u32; 5],
+    len: usize,
+}
+
+impl StepFilter {
+    pub fn new(steps: &[u32]) -> Self {
+        let mut f = StepFilter::default();
+        for s in steps.iter().take(5) {
+            f.steps[f.len] = *s;
+            f.len += 1;
+        }
+        f
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn keeps(&self, in_step: bool, step: u32) -> bool {
+        self.is_empty() || (in_step && self.steps[..self.len].contains(&step))
+    }
 }
 
 /// What the tracker needs from the command line.
@@ -83,6 +124,9 @@ pub struct ProcessState {
 pub struct TrackOptions {
     pub dump: EventSet,
     pub devices: DeviceFilter,
+    pub steps: StepFilter,
+    /// Run the pool step analyses (leaks per step, gaps): `--analysis=leaks` without `--steps`.
+    pub step_analyses: bool,
 }
 
 impl ProcessState {
@@ -115,6 +159,17 @@ impl ProcessState {
 
     /// Applies one call; returns the rows to write (possibly none).
     pub fn apply(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
+        let kept_before = opts.steps.keeps(self.step_range.is_some(), self.step);
+        let mut rows = self.apply_call(ev, ts_ns, opts);
+        let kept_after = opts.steps.keeps(self.step_range.is_some(), self.step);
+        // A step's own Range_start and Range_end rows belong to it.
+        if !kept_before && !kept_after {
+            rows.clear();
+        }
+        rows
+    }
+
+    fn apply_call(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
         let mut rows = Vec::new();
         let row =
             |event: &'static str, event_type: &'static str, name: String, device: DeviceKey| Row {
@@ -259,6 +314,9 @@ impl ProcessState {
                 if text == "step start" {
                     self.step += 1;
                     self.step_range = Some(*id);
+                    if opts.step_analyses {
+                        self.gaps.on_step_start(self.step);
+                    }
                 }
                 if let Some(device) = self.mstx_device(ev.tid, opts) {
                     let name = quote_text(&guard_formula(text));
@@ -266,16 +324,162 @@ impl ProcessState {
                 }
             }
             Call::RangeEnd { id } => {
-                if self.step_range == Some(*id) {
-                    self.step_range = None;
-                }
                 if let Some(device) = self.mstx_device(ev.tid, opts) {
                     let name = quote_text(&format!("Range end from id {id}"));
                     rows.push(row("MSTX", "Range_end", name, device));
                 }
+                if self.step_range == Some(*id) {
+                    self.step_range = None;
+                    if opts.step_analyses {
+                        self.step_ended();
+                    }
+                }
+            }
+            Call::DomainCreate { name, handle } => self.pools.domain_created(name, *handle),
+            Call::HeapRegister {
+                domain,
+                heap,
+                range,
+            } => {
+                if let Some(range) = range {
+                    self.pools.heap_registered(*domain, *heap, *range);
+                }
+            }
+            Call::HeapUnregister { domain, heap } => self.pools.heap_unregistered(*domain, *heap),
+            Call::RegionsRegister {
+                domain, regions, ..
+            } => {
+                for change in self.pools.regions_registered(*domain, regions) {
+                    self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
+                }
+            }
+            Call::RegionsUnregister { domain, refs, .. } => {
+                let before = self.pools.unmatched;
+                for change in self.pools.regions_unregistered(*domain, refs) {
+                    self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);
+                }
+                self.stats.pool_unmatched += self.pools.unmatched - before;
             }
         }
         rows
+    }
+
+    fn pool_malloc(
+        &mut self,
+        c: RegionChange,
+        tid: u32,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        if !self.wants_device(opts, c.device) {
+            self.stats.filtered += 1;
+            return;
+        }
+        if opts.step_analyses {
+            self.gaps.on_update(c.pool, c.device, c.allocated);
+        }
+        self.stats.pool_mallocs += 1;
+        let block = self.new_block(
+            c.addr,
+            c.size,
+            c.device,
+            BlockKind::Pool(c.pool),
+            tid,
+            ts_ns,
+            u32::MAX,
+            PageType::Normal,
+        );
+        if let Some(old) = self.pool_blocks.insert((c.pool, c.addr), block.clone()) {
+            // Registered twice without an unregister in between: close the old one.
+            self.stats.double_mallocs += 1;
+            if opts.dump.free {
+                rows.push(self.pool_row("FREE", &old, old.tid, ts_ns, c));
+            }
+        }
+        if opts.dump.alloc {
+            rows.push(self.pool_row("MALLOC", &block, tid, ts_ns, c));
+        }
+    }
+
+    fn pool_free(
+        &mut self,
+        c: RegionChange,
+        tid: u32,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        if opts.step_analyses && self.wants_device(opts, c.device) {
+            self.gaps.on_update(c.pool, c.device, c.allocated);
+        }
+        let Some(block) = self.pool_blocks.remove(&(c.pool, c.addr)) else {
+            // Registered on a filtered device, or before tracing started.
+            return;
+        };
+        self.stats.pool_frees += 1;
+        if opts.dump.free {
+            rows.push(self.pool_row("FREE", &block, tid, ts_ns, c));
+        }
+    }
+
+    fn pool_row(
+        &self,
+        event: &'static str,
+        b: &Block,
+        tid: u32,
+        ts_ns: u64,
+        c: RegionChange,
+    ) -> Row {
+        Row {
+            event,
+            event_type: b.kind.event_type(),
+            name: "N/A".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(b.device),
+            ptr: Some(b.addr),
+            attr: format!(
+                "allocation_id:{},addr:0x{:016x},size:{},used:{},total:{}",
+                b.allocation_id, b.addr, b.size, c.allocated, c.reserved
+            ),
+        }
+    }
+
+    /// End of an mstx step: pool blocks that outlived it, and the step's allocation swing.
+    fn step_ended(&mut self) {
+        let live: Vec<LiveBlock> = self
+            .pool_blocks
+            .values()
+            .filter_map(|b| match b.kind {
+                BlockKind::Pool(pool) => Some(LiveBlock {
+                    pool,
+                    device: b.device,
+                    addr: b.addr,
+                    size: b.size,
+                    alloc_step: b.step,
+                    kernel_index: 0,
+                }),
+                _ => None,
+            })
+            .collect();
+        let step = self.step;
+        self.messages
+            .extend(self.step_leaks.on_step_end(step, &live));
+        self.messages.extend(self.gaps.on_step_end(step));
+    }
+
+    /// The pool analyses' exit report (empty when there is nothing to say).
+    pub fn pool_report(&self) -> String {
+        let mut s = self.step_leaks.report();
+        s.push_str(&self.gaps.report());
+        s
+    }
+
+    /// Pool regions still live (not part of the HAL leak report).
+    pub fn live_pool_blocks(&self) -> usize {
+        self.pool_blocks.len()
     }
 
     /// The device an mstx row is written on: the thread's current device (aclrtSetDevice),
@@ -383,6 +587,8 @@ impl ProcessState {
         );
         match b.kind {
             BlockKind::PinnedHost => attr.push_str(&format!(",pinned:true,used:{used}")),
+            // Pool rows are built by `pool_row`; kept total for exhaustiveness.
+            BlockKind::Pool(_) => attr.push_str(&format!(",used:{used}")),
             BlockKind::Device | BlockKind::Handle => {
                 attr.push_str(&format!(",used:{used}"));
                 if is_malloc {
@@ -444,6 +650,8 @@ mod tests {
                 npu_mask: 0,
                 cpu: true,
             },
+            steps: StepFilter::default(),
+            step_analyses: true,
         }
     }
 
@@ -769,5 +977,51 @@ mod tests {
         );
         assert!(r[1].attr.contains("used:20"));
         assert_eq!(p.stats.double_mallocs, 1);
+    }
+
+    #[test]
+    fn step_filter_keeps_only_listed_steps_with_their_own_range_rows() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.steps = StepFilter::new(&[2]);
+        let alloc = |p: &mut ProcessState, addr| {
+            p.apply(
+                &ev(
+                    1,
+                    Call::HalAlloc {
+                        size: 1,
+                        flag: 1 << 10,
+                        ret: 0,
+                        addr: Some(addr),
+                    },
+                ),
+                1,
+                &o,
+            )
+            .len()
+        };
+        assert_eq!(alloc(&mut p, 1), 0, "before any step");
+        for (step, id) in [(1u64, 10u64), (2, 11), (3, 12)] {
+            let start = p.apply(
+                &ev(
+                    1,
+                    Call::RangeStart {
+                        text: "step start".into(),
+                        id,
+                    },
+                ),
+                1,
+                &o,
+            );
+            let inside = alloc(&mut p, 100 + step);
+            let end = p.apply(&ev(1, Call::RangeEnd { id }), 1, &o);
+            let kept = step == 2;
+            assert_eq!(
+                (start.len(), inside, end.len()),
+                if kept { (1, 1, 1) } else { (0, 0, 0) }
+            );
+        }
+        assert_eq!(alloc(&mut p, 2), 0, "after the step");
+        assert_eq!(p.live_blocks().len(), 5, "every block is still tracked");
     }
 }

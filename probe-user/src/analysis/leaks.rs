@@ -27,6 +27,8 @@ pub struct ProcessLeaks {
     pub cause: LeakCause,
     pub blocks: Vec<Block>,
     pub files: Vec<PathBuf>,
+    /// The pool step-leak and gap reports (spec §6.1, §6.3), empty if nothing to report.
+    pub pool_report: String,
 }
 
 impl ProcessLeaks {

@@ -1,0 +1,227 @@
+//! End-to-end: framework pools reported through the mstx memory API (simulated caching
+//! allocator in tests/fixtures/src/pool_workload.c), read by BPF from the target's structs.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+
+/// (tid, device, addr, size) of the region lines of a pool_workload log.
+fn gt_regions(log: &std::path::Path, kind: &str) -> Vec<(u32, String, u64, u64)> {
+    let text = std::fs::read_to_string(log).unwrap();
+    let mut v: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{kind} ")))
+        .map(|l| {
+            let f: BTreeMap<&str, &str> = l
+                .split(' ')
+                .skip(1)
+                .filter_map(|kv| kv.split_once('='))
+                .collect();
+            (
+                f["tid"].parse().unwrap(),
+                f["dev"].to_string(),
+                u64::from_str_radix(f["addr"].trim_start_matches("0x"), 16).unwrap(),
+                f["size"].parse().unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn pool_rows(rows: &[DumpRow], event: &str, event_type: &str) -> Vec<(u32, String, u64, u64)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .filter(|r| r.event == event && r.event_type == event_type)
+        .map(|r| (r.tid, r.device.clone(), r.addr(), r.size()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn trace_pool(pool: &str, extra: &[&str]) -> (std::path::PathBuf, u32, String, std::path::PathBuf) {
+    let dir = scratch(&format!("pool-{pool}"));
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let mut args = vec!["-o", out_dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let workload = bin("pool_workload");
+    args.extend_from_slice(&[
+        "--",
+        workload.to_str().unwrap(),
+        "--pool",
+        pool,
+        "--devices",
+        "2",
+        "--steps",
+        "3",
+        "--blocks",
+        "20",
+        "--batch",
+        "20",
+        "--leak-from-step",
+        "2",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let out = run_tracer(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let pid = parse_log(&log).pid;
+    (out_dir, pid, stderr, log)
+}
+
+#[test]
+fn every_pool_kind_gives_one_row_per_region_with_pool_accounting() {
+    if !require_root("every_pool_kind_gives_one_row_per_region_with_pool_accounting") {
+        return;
+    }
+    let _serial = serial();
+    for (pool, event_type, name) in [
+        ("pta", "PTA", "Pytorch Caching memory pool"),
+        ("workspace", "PTA", ""),
+        ("mindspore", "MINDSPORE", "Mindspore memory pool"),
+        ("atb", "ATB", "ATB memory pool"),
+    ] {
+        let (out_dir, pid, stderr, log) = trace_pool(pool, &[]);
+        let rows = rows_of(&out_dir, pid);
+        // 20 regions per call: several chunks per batch, every region a row.
+        assert_eq!(
+            pool_rows(&rows, "MALLOC", event_type),
+            gt_regions(&log, "REGION_MALLOC"),
+            "{pool}"
+        );
+        assert_eq!(
+            pool_rows(&rows, "FREE", event_type),
+            gt_regions(&log, "REGION_FREE"),
+            "{pool}"
+        );
+        assert_eq!(gt_regions(&log, "REGION_MALLOC").len(), 120);
+        // used/total per the pool's rules (§1.6).
+        let mallocs: Vec<_> = rows
+            .iter()
+            .filter(|r| r.event == "MALLOC" && r.event_type == event_type)
+            .collect();
+        for r in &mallocs {
+            assert_eq!(
+                r.attr["total"], "67108864",
+                "{pool}: the heap registered per device"
+            );
+        }
+        let dev0: Vec<_> = mallocs.iter().filter(|r| r.device == "0").collect();
+        let first_step: u64 = dev0[..20].iter().map(|r| r.size()).sum();
+        let last = dev0[19].attr["used"].parse::<u64>().unwrap();
+        if pool == "workspace" {
+            assert_eq!(last, dev0[19].size(), "workspace reports its current size");
+        } else {
+            assert_eq!(last, first_step, "{pool}: used adds up the regions");
+        }
+        // Step leaks: the step-2 block of each device survived step 3; the step-3 ones have not
+        // outlived a step yet. The workspace pool is not analysed.
+        if name.is_empty() {
+            assert!(!stderr.contains("Detected memory leaks"), "{stderr}");
+        } else {
+            for dev in ["0", "1"] {
+                assert!(
+                    stderr.contains(&format!(
+                        "====== ERROR: Detected memory leaks on device {dev} ======"
+                    )),
+                    "{stderr}"
+                );
+            }
+            assert_eq!(
+                stderr.matches(&format!("Direct {name} leak of")).count(),
+                2,
+                "{stderr}"
+            );
+            assert_eq!(stderr.matches("at step 2.").count(), 2, "{stderr}");
+            assert!(
+                stderr.contains(&format!("{name} Gap Analysis of Device 0")),
+                "{stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn legacy_domain_name_maps_to_the_caching_pool() {
+    if !require_root("legacy_domain_name_maps_to_the_caching_pool") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("pool-legacy");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--",
+        bin("pool_workload").to_str().unwrap(),
+        "--pool",
+        "pta",
+        "--legacy-name",
+        "--steps",
+        "2",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let rows = rows_of(&out_dir, parse_log(&log).pid);
+    assert_eq!(
+        pool_rows(&rows, "MALLOC", "PTA"),
+        gt_regions(&log, "REGION_MALLOC")
+    );
+}
+
+#[test]
+fn steps_option_keeps_only_the_listed_steps() {
+    if !require_root("steps_option_keeps_only_the_listed_steps") {
+        return;
+    }
+    let _serial = serial();
+    let (out_dir, pid, stderr, log) = trace_pool("pta", &["--steps=2"]);
+    let rows = rows_of(&out_dir, pid);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let step2: Vec<_> = {
+        let mut v: Vec<_> = text
+            .lines()
+            .filter(|l| l.starts_with("REGION_MALLOC ") && l.ends_with(" step=2"))
+            .map(|l| {
+                let f: BTreeMap<&str, &str> = l
+                    .split(' ')
+                    .skip(1)
+                    .filter_map(|kv| kv.split_once('='))
+                    .collect();
+                (
+                    f["tid"].parse::<u32>().unwrap(),
+                    f["dev"].to_string(),
+                    u64::from_str_radix(f["addr"].trim_start_matches("0x"), 16).unwrap(),
+                    f["size"].parse::<u64>().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(step2.len(), 40);
+    assert_eq!(pool_rows(&rows, "MALLOC", "PTA"), step2);
+    // The HAL segments were allocated before step 1: not kept.
+    assert!(rows.iter().all(|r| r.event_type != "HAL"));
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.event_type == "Range_start")
+            .count(),
+        1
+    );
+    assert_eq!(
+        rows.iter().filter(|r| r.event_type == "Range_end").count(),
+        1
+    );
+    // --steps turns leak analysis off.
+    assert!(
+        !stderr.contains("leak report") && !stderr.contains("Detected memory leaks"),
+        "{stderr}"
+    );
+}
