@@ -9,7 +9,7 @@ use memscope_bpf::{
     analysis, attach,
     attach::{Planner, TargetEnv},
     bpf, cli,
-    cli::{DataFormat, Mode, Options},
+    cli::{Mode, Options},
     launch, log, output, session,
     session::{EndReason, Session, SessionConfig},
     tracefs,
@@ -66,11 +66,6 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 fn run(opts: Options) -> Result<u8> {
     if let Mode::Compare { .. } = opts.mode {
         return Err(usage("--compare is not available in this version yet"));
-    }
-    if opts.format == DataFormat::Db {
-        return Err(usage(
-            "--format=db is not available in this version yet; use --format=csv",
-        ));
     }
     for (given, what) in [
         (!opts.steps.is_empty(), "--steps"),
@@ -168,6 +163,7 @@ fn run(opts: Options) -> Result<u8> {
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),
         config_json: cli::config_json(&opts),
+        format: opts.format,
         track: TrackOptions {
             dump: opts.dump_events,
             devices: opts.devices,
