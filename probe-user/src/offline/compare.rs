@@ -41,8 +41,9 @@ pub const COMPARE_HEADER: [&str; 2] = [
 /// msMemScope gives the diff 60 s.
 pub const TIME_LIMIT: Duration = Duration::from_secs(60);
 
-/// The Myers trace keeps one vector per edit step; past this many entries in total the diff
-/// is refused rather than exhausting memory (about 512 MiB).
+/// The Myers trace keeps one vector per edit step (2d+1 entries of 4 bytes); past this many
+/// entries in total (256 MiB, about 8000 edits) the diff is refused rather than exhausting
+/// memory.
 const MAX_TRACE_ENTRIES: usize = 64 << 20;
 
 /// An op or kernel row of the sequence.
@@ -215,13 +216,22 @@ pub enum Edit {
 /// Ties are broken as msMemScope does: a step down (compare-only) when
 /// `V[k-1] < V[k+1]`, otherwise a step right (base-only).
 pub fn myers<T: PartialEq>(a: &[T], b: &[T], deadline: Option<Instant>) -> Result<Vec<Edit>> {
+    if a.len() + b.len() >= u32::MAX as usize {
+        anyhow::bail!("the op sequences are too long to compare");
+    }
     let n = a.len() as i64;
     let m = b.len() as i64;
     let max = (n + m) as usize;
     let off = max as i64 + 1;
     let mut v = vec![0i64; 2 * max + 3];
     // v[k+1] = 0 start: the virtual step into (0, 0).
-    let mut trace: Vec<Vec<i64>> = Vec::new();
+    let mut trace: Vec<Vec<u32>> = Vec::new();
+    let snapshot = |v: &[i64], d: i64| -> Vec<u32> {
+        v[(off - d) as usize..=(off + d) as usize]
+            .iter()
+            .map(|&x| x as u32)
+            .collect()
+    };
     let mut entries = 0usize;
     let mut found = None;
     'outer: for d in 0..=max as i64 {
@@ -247,7 +257,7 @@ pub fn myers<T: PartialEq>(a: &[T], b: &[T], deadline: Option<Instant>) -> Resul
             if x >= n && y >= m {
                 found = Some((d, k));
                 // Record this step's values too for the backtrack.
-                trace.push(v[(off - d) as usize..=(off + d) as usize].to_vec());
+                trace.push(snapshot(&v, d));
                 break 'outer;
             }
             k += 2;
@@ -256,11 +266,11 @@ pub fn myers<T: PartialEq>(a: &[T], b: &[T], deadline: Option<Instant>) -> Resul
         if entries > MAX_TRACE_ENTRIES {
             anyhow::bail!("the op sequences differ too much: more than {d} edits");
         }
-        trace.push(v[(off - d) as usize..=(off + d) as usize].to_vec());
+        trace.push(snapshot(&v, d));
     }
     let (dmax, _) = found.expect("Myers always reaches the end");
     // Backtrack. trace[d][k + d] is the furthest x on diagonal k after d edits.
-    let at = |d: i64, k: i64| trace[d as usize][(k + d) as usize];
+    let at = |d: i64, k: i64| i64::from(trace[d as usize][(k + d) as usize]);
     let mut out = Vec::new();
     let (mut x, mut y) = (n, m);
     for d in (0..=dmax).rev() {
