@@ -942,3 +942,95 @@ fn sigkill_leaves_a_committed_prefix() {
     let _ = TRACER; // the binary is not involved here
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// End to end (root): a traced run written as db, analyzed offline
+// ---------------------------------------------------------------------------------------------
+
+/// The leak rows of every `leaks_*.csv` under `dir`, sorted, without the Module column (the
+/// dump does not record the module) and, off device 0, without the Step column: the workload
+/// marks steps from a thread on device 0, so only device 0's dump holds the "step start" rows.
+fn leak_rows(dir: &Path) -> Vec<String> {
+    let mut rows: Vec<String> = find_files(dir, "leaks_")
+        .iter()
+        .flat_map(|f| {
+            fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .skip(1)
+                .map(|l| {
+                    let mut c: Vec<&str> = l.split(',').collect();
+                    c.remove(8);
+                    if c[2] != "0" {
+                        c.remove(6);
+                    }
+                    c.join(",")
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn traced_db_run_analyzed_offline_matches_the_online_leak_report() {
+    if !common::require_root("traced_db_run_analyzed_offline_matches_the_online_leak_report") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("off-e2e-db");
+    let out_dir = dir.join("out");
+    let workload = common::bin("workload");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--format=db",
+        "--device=npu,cpu",
+        "--",
+        workload.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--devices",
+        "2",
+        "--steps",
+        "2",
+        "--allocs",
+        "3",
+        "--leaks",
+        "1",
+        "--host",
+        "--create",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let dbs: Vec<PathBuf> = find_files(&out_dir, "memscope_dump_")
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "db"))
+        .collect();
+    assert!(!dbs.is_empty(), "no db written");
+    assert!(
+        find_files(&out_dir, "memscope_dump_")
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".csv"))
+    );
+    let online = leak_rows(&out_dir);
+    assert!(!online.is_empty(), "the workload leaks");
+    let mut offline = Vec::new();
+    for (n, db) in dbs.iter().enumerate() {
+        let rows = reader::read_rows(db).unwrap();
+        assert!(rows.iter().any(|r| r.event == "MALLOC"), "{}", db.display());
+        let o = dir.join(format!("analyzed{n}"));
+        let res = run_tracer(&[
+            "analyze",
+            "-i",
+            db.to_str().unwrap(),
+            "-o",
+            o.to_str().unwrap(),
+        ]);
+        assert_eq!(res.status.code(), Some(0), "{}", stderr_of(&res));
+        offline.extend(leak_rows(&o));
+    }
+    offline.sort();
+    assert_eq!(offline, online);
+    fs::remove_dir_all(&dir).unwrap();
+}
