@@ -556,6 +556,15 @@ fn analyze_reads_msmemscope_old_layout_and_db() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let again = fs::read_to_string(only_file(&dir.join("out-db"), "leaks_")).unwrap();
     assert_eq!(again, leaks);
+    // Reading a db leaves nothing beside it.
+    assert!(!dir.join("old.db-wal").exists() && !dir.join("old.db-shm").exists());
+    // Names that need escaping in an SQLite URI.
+    let odd = dir.join("we ird %3F?#&.db");
+    fs::copy(&db, &odd).unwrap();
+    assert_eq!(
+        reader::read_rows(&odd).unwrap(),
+        reader::read_rows(&db).unwrap()
+    );
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -345,11 +345,7 @@ fn read_db(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Result
     let sql_err = |e: rusqlite::Error| {
         InputError::file(path, format!("cannot be read as a SQLite dump: {e}"))
     };
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sql_err)?;
+    let conn = open_db_read_only(path).map_err(sql_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
     let cols: Vec<String> = conn
         .prepare(&format!("PRAGMA table_info({TABLE})"))
@@ -419,6 +415,29 @@ fn read_db(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Result
         f(loc, row)?;
     }
     Ok(())
+}
+
+/// Opens a dump db without changing anything beside it. With a `-wal` file (a writer still
+/// running, or killed), SQLite must read it to see the committed rows, so the db is opened
+/// read-only the normal way. Without one, it is opened `immutable`, so that SQLite creates no
+/// `-wal`/`-shm` files next to the user's input.
+fn open_db_read_only(path: &Path) -> rusqlite::Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    if std::fs::symlink_metadata(&wal).is_ok() {
+        return Connection::open_with_flags(path, flags);
+    }
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~') {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
 }
 
 // ---------------------------------------------------------------------------------------------
