@@ -75,6 +75,8 @@ pub enum Mode {
     Attach { pid: u32 },
     /// Compare two previously written dump files.
     Compare { inputs: [PathBuf; 2] },
+    /// `analyze --input=DUMP`: run the leak analysis on a saved dump.
+    Analyze { input: PathBuf },
 }
 
 /// Event kinds (config.json bits: 0 alloc, 1 free, 2 launch, 3 access).
@@ -438,6 +440,7 @@ USAGE:
     {PROGRAM_NAME} [OPTIONS] <PROGRAM> [ARGS...]        same, msMemScope style
     {PROGRAM_NAME} --pid <PID> [OPTIONS]                attach to a running process
     {PROGRAM_NAME} --compare --input-path <A>,<B>       compare two dump files
+    {PROGRAM_NAME} analyze --input-path <DUMP> [-o DIR] leak analysis of a saved dump
 
     Everything from the first argument that is not an option belongs to PROGRAM:
     `{PROGRAM_NAME} --level=op bash run.sh --level=kernel` passes --level=kernel to run.sh.
@@ -450,6 +453,7 @@ TARGET SELECTION:
         --compare                   Compare two dump files instead of tracing (needs --input-path)
     -i, --input-path <A>,<B>        The two dump files to compare (regular files, not symlinks,
                                     at most 8 GiB each) [alias: --input, deprecated]
+                                    Dumps are CSV or db files, ours or msMemScope's
         --lib <PATH>                Library to attach the uprobes to, e.g. the driver's
                                     libascend_hal.so (repeatable)
 
@@ -479,6 +483,12 @@ OUTPUT:
                                     [alias: --output, deprecated]
         --format <FORMAT>           csv | db [default: csv] [alias: --data-format, deprecated]
 
+ANALYZE (first argument 'analyze'; a program named analyze runs with '-- analyze'):
+    -i, --input-path <DUMP>         The dump to analyze (a regular file, not a symlink, at most
+                                    8 GiB): HAL blocks never freed are reported as leaks
+                                    (summary on stderr, leaks_<ts>.csv under --output-path).
+                                    Only -i, -o, --log-level, -v and -q apply
+
 MISC:
         --log-level <LEVEL>         debug | info | warning | error [default: info]
     -v, --verbose, --debug          Same as --log-level=debug
@@ -505,6 +515,9 @@ EXAMPLES:
 
     # Compare two runs
     {PROGRAM_NAME} --compare --input-path=base/memscope_dump_1.csv,new/memscope_dump_2.csv
+
+    # Leak analysis of a saved dump (ours or msMemScope's, CSV or db)
+    {PROGRAM_NAME} analyze --input=results/device_0/dump/memscope_dump_1.db -o ./analysis
 ",
         version = env!("CARGO_PKG_VERSION"),
     )
@@ -886,6 +899,9 @@ struct State {
     program: Option<(OsString, Vec<OsString>)>,
     pid: Option<u32>,
     compare: bool,
+    /// `analyze` subcommand (first argument).
+    analyze: bool,
+    analyze_input: Option<PathBuf>,
     inputs: Option<[PathBuf; 2]>,
     input_opt: String,
     output_dir: Option<PathBuf>,
@@ -913,6 +929,8 @@ impl State {
             program: None,
             pid: None,
             compare: false,
+            analyze: false,
+            analyze_input: None,
             inputs: None,
             input_opt: String::new(),
             output_dir: None,
@@ -943,6 +961,26 @@ impl State {
     /// Apply one option. `opt_name` is the spelling the user typed (for messages).
     fn apply(&mut self, opt: Opt, opt_name: &str, value: Option<&OsStr>) -> Result<(), CliError> {
         let value_os = value.unwrap_or_default();
+        if self.analyze {
+            match opt {
+                Opt::Help
+                | Opt::Version
+                | Opt::Verbose
+                | Opt::Quiet
+                | Opt::Output
+                | Opt::LogLevel => {}
+                Opt::Input => {
+                    self.analyze_input = Some(parse_analyze_input(opt_name, value_os)?);
+                    return Ok(());
+                }
+                _ => {
+                    return Err(CliError::usage(format!(
+                        "{opt_name} cannot be used with 'analyze' (it takes --input-path=DUMP, \
+                         --output-path, --log-level, -v and -q)"
+                    )));
+                }
+            }
+        }
         // Options whose values are paths handle raw bytes themselves.
         match opt {
             Opt::Help => return Err(CliError::info(help_text())),
@@ -1182,6 +1220,29 @@ impl State {
     }
 
     fn finish(mut self) -> Result<Options, CliError> {
+        let mode = if self.analyze {
+            if let Some((program, _)) = self.program.take() {
+                return Err(CliError::usage(format!(
+                    "unexpected argument '{}': 'analyze' reads the dump given with --input-path=DUMP \
+                     (to launch a program named analyze, write '{PROGRAM_NAME} -- analyze')",
+                    shown_os(&program)
+                )));
+            }
+            match self.analyze_input.take() {
+                Some(input) => Mode::Analyze { input },
+                None => {
+                    return Err(CliError::usage(
+                        "analyze needs the dump to read: analyze --input-path=DUMP",
+                    ));
+                }
+            }
+        } else {
+            self.launch_mode()?
+        };
+        self.finish_options(mode)
+    }
+
+    fn launch_mode(&mut self) -> Result<Mode, CliError> {
         let mode = match (self.program.take(), self.pid, self.compare) {
             (Some(_), Some(_), _) => {
                 return Err(CliError::usage(
@@ -1219,7 +1280,10 @@ impl State {
         if self.inputs.is_some() {
             return Err(input_without_compare(&self.input_opt));
         }
+        Ok(mode)
+    }
 
+    fn finish_options(mut self, mode: Mode) -> Result<Options, CliError> {
         let output_dir = match self.output_dir.take() {
             Some(d) => d,
             None => default_output_dir()?,
@@ -1386,6 +1450,52 @@ fn parse_devices(opt: &str, v: &str) -> Result<DeviceFilter, CliError> {
     Ok(d)
 }
 
+/// `analyze --input-path`: exactly one dump file, under the same rules as the compare inputs.
+fn parse_analyze_input(opt: &str, v: &OsStr) -> Result<PathBuf, CliError> {
+    if v.len() > MAX_PATH_LEN {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value: it is {} bytes long, more than {MAX_PATH_LEN}",
+            v.len()
+        )));
+    }
+    let tokens = split_list_os(v);
+    if tokens.len() != 1 {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value '{}': 'analyze' takes exactly one dump file, got {}",
+            shown_os(v),
+            tokens.len()
+        )));
+    }
+    check_input_file(opt, v, tokens[0])
+}
+
+/// One input dump: exists, a regular file (a symlink is refused, not followed), at most
+/// 8 GiB, readable.
+fn check_input_file(opt: &str, whole: &OsStr, t: &OsStr) -> Result<PathBuf, CliError> {
+    let path = PathBuf::from(t);
+    let bad = |why: &str| {
+        CliError::usage(format!(
+            "invalid {opt} value '{}': invalid paths, '{}' {why}",
+            shown_os(whole),
+            shown_os(t)
+        ))
+    };
+    let md = std::fs::symlink_metadata(&path).map_err(|e| bad(&format!("cannot be read: {e}")))?;
+    if md.file_type().is_symlink() {
+        return Err(bad("is a symbolic link; give the file itself"));
+    }
+    if !md.is_file() {
+        return Err(bad("is not a regular file"));
+    }
+    if md.len() > MAX_COMPARE_INPUT_BYTES {
+        return Err(bad("is larger than 8 GiB"));
+    }
+    if !is_readable(&path) {
+        return Err(bad("is not readable"));
+    }
+    Ok(path)
+}
+
 fn parse_inputs(opt: &str, v: &OsStr) -> Result<[PathBuf; 2], CliError> {
     const EXPECTED: &str = "invalid paths, expected exactly two comma-separated dump files";
     if v.len() > MAX_PATH_LEN {
@@ -1404,29 +1514,7 @@ fn parse_inputs(opt: &str, v: &OsStr) -> Result<[PathBuf; 2], CliError> {
     }
     let mut out: [PathBuf; 2] = Default::default();
     for (slot, t) in out.iter_mut().zip(tokens) {
-        let path = PathBuf::from(t);
-        let bad = |why: &str| {
-            CliError::usage(format!(
-                "invalid {opt} value '{}': invalid paths, '{}' {why}",
-                shown_os(v),
-                shown_os(t)
-            ))
-        };
-        let md =
-            std::fs::symlink_metadata(&path).map_err(|e| bad(&format!("cannot be read: {e}")))?;
-        if md.file_type().is_symlink() {
-            return Err(bad("is a symbolic link; give the file itself"));
-        }
-        if !md.is_file() {
-            return Err(bad("is not a regular file"));
-        }
-        if md.len() > MAX_COMPARE_INPUT_BYTES {
-            return Err(bad("is larger than 8 GiB"));
-        }
-        if !is_readable(&path) {
-            return Err(bad("is not readable"));
-        }
-        *slot = path;
+        *slot = check_input_file(opt, v, t)?;
     }
     Ok(out)
 }
@@ -1464,6 +1552,10 @@ where
     let argv: Vec<OsString> = args.into_iter().map(Into::into).collect();
     let mut st = State::new();
     let mut i = 1;
+    if argv.get(1).is_some_and(|a| a == "analyze") {
+        st.analyze = true;
+        i = 2;
+    }
     while i < argv.len() {
         let arg = argv[i].as_os_str();
         let bytes = arg.as_bytes();
@@ -2086,6 +2178,108 @@ mod tests {
         let long = format!("{a},{}", "x".repeat(5000));
         usage_err(&["--compare", "-i", &long], &["4096"]);
         usage_err(&["--compare", "-i"], &["requires a value"]);
+    }
+
+    #[test]
+    fn analyze_mode() {
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        for args in [
+            vec!["analyze".to_owned(), format!("--input={a}")],
+            vec!["analyze".to_owned(), format!("--input-path={a}")],
+            vec!["analyze".to_owned(), "-i".to_owned(), a.clone()],
+            vec!["analyze".to_owned(), format!("-i{a}")],
+            vec![
+                "analyze".to_owned(),
+                "-q".to_owned(),
+                format!("-i{a},"),
+                "--log-level=debug".to_owned(),
+            ],
+        ] {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = ok(&refs);
+            assert_eq!(
+                o.mode,
+                Mode::Analyze {
+                    input: PathBuf::from(&a)
+                },
+                "{args:?}"
+            );
+        }
+        let out = t.path("out");
+        let o = ok(&["analyze", "-i", &a, "-o", &out]);
+        assert_eq!(o.output_dir, PathBuf::from(&out));
+        assert_eq!(o.log_level, LogLevel::Info);
+        assert_eq!(
+            ok(&["analyze", "-i", &a, "--log-level=error"]).log_level,
+            LogLevel::Error
+        );
+        assert!(
+            ok(&["analyze", &format!("--input={a}")])
+                .warnings
+                .iter()
+                .any(|w| w.contains("'--input' is deprecated"))
+        );
+        // Only as the first argument: elsewhere it is a program name.
+        match ok(&["--level=op", "analyze"]).mode {
+            Mode::Launch { program, .. } => assert_eq!(program, "analyze"),
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--", "analyze", "-i", &a]).mode {
+            Mode::Launch { program, args } => {
+                assert_eq!(program, "analyze");
+                assert_eq!(args.len(), 2);
+            }
+            m => panic!("{m:?}"),
+        }
+    }
+
+    #[test]
+    fn analyze_errors() {
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        let b = t.file("b.csv", b"y");
+        usage_err(&["analyze"], &["analyze needs", "--input-path"]);
+        usage_err(
+            &["analyze", "-i", &format!("{a},{b}")],
+            &["exactly one", "got 2"],
+        );
+        usage_err(&["analyze", "-i", ""], &["exactly one", "got 0"]);
+        usage_err(&["analyze", "-i"], &["requires a value"]);
+        usage_err(&["analyze", &a], &["unexpected argument", "-- analyze"]);
+        usage_err(
+            &["analyze", "-i", &a, "--", "true"],
+            &["unexpected argument"],
+        );
+        usage_err(
+            &["analyze", "-i", &a, "--compare"],
+            &["--compare", "analyze"],
+        );
+        usage_err(&["analyze", "-i", &a, "--pid=1"], &["--pid", "analyze"]);
+        usage_err(&["analyze", "-i", &a, "--events=alloc"], &["--events"]);
+        usage_err(&["analyze", "-i", &a, "--format=db"], &["--format"]);
+        let missing = t.path("missing.csv");
+        usage_err(
+            &["analyze", "-i", &missing],
+            &["missing.csv", "cannot be read"],
+        );
+        usage_err(
+            &["analyze", "-i", &t.0.display().to_string()],
+            &["not a regular file"],
+        );
+        let link = t.path("link.csv");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        usage_err(&["analyze", "-i", &link], &["symbolic link"]);
+        let big = t.path("big.csv");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_COMPARE_INPUT_BYTES + 1)
+            .unwrap();
+        usage_err(&["analyze", "-i", &big], &["8 GiB"]);
+        usage_err(&["analyze", "-i", &"x".repeat(5000)], &["4096"]);
+        // Help still works.
+        assert!(err(&["analyze", "--help"]).is_info());
+        assert!(help_text().contains("analyze --input-path"));
     }
 
     #[test]

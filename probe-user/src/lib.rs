@@ -3,7 +3,8 @@
 //!
 //! Data flow: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load,
 //! attach) -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state,
-//! rows) -> `output` (files) and `analysis` (leaks).
+//! rows) -> `output` (files) and `analysis` (leaks). `offline` reads saved dumps back for
+//! `--compare` and `analyze`.
 
 pub mod analysis;
 pub mod attach;
@@ -13,6 +14,7 @@ pub mod decode;
 pub mod hal;
 pub mod launch;
 pub mod log;
+pub mod offline;
 pub mod output;
 pub mod pools;
 pub mod probes;

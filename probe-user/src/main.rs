@@ -10,7 +10,7 @@ use memscope_bpf::{
     attach::{Planner, TargetEnv},
     bpf, cli,
     cli::{DataFormat, Mode, Options},
-    launch, log, output, session,
+    launch, log, offline, output, session,
     session::{EndReason, Session, SessionConfig},
     tracefs,
     tracker::{StepFilter, TrackOptions},
@@ -64,13 +64,18 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 fn run(opts: Options) -> Result<u8> {
-    if let Mode::Compare { .. } = opts.mode {
-        return Err(usage("--compare is not available in this version yet"));
-    }
-    if opts.format == DataFormat::Db {
-        return Err(usage(
-            "--format=db is not available in this version yet; use --format=csv",
-        ));
+    match &opts.mode {
+        Mode::Compare { inputs } => {
+            return run_offline(&opts, |o| {
+                let path = offline::compare::run(o, inputs)?;
+                log::info(&format!("comparison written to {}", path.display()));
+                Ok(())
+            });
+        }
+        Mode::Analyze { input } => {
+            return run_offline(&opts, |o| offline::analyze::run(o, input).map(drop));
+        }
+        _ => {}
     }
     for (given, what) in [
         (
@@ -168,12 +173,13 @@ fn run(opts: Options) -> Result<u8> {
             ));
             None
         }
-        _ => unreachable!("compare handled above"),
+        _ => unreachable!("compare and analyze handled above"),
     };
 
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),
         config_json: cli::config_json(&opts),
+        format: opts.format,
         track: TrackOptions {
             dump: opts.dump_events,
             devices: opts.devices,
@@ -193,6 +199,21 @@ fn run(opts: Options) -> Result<u8> {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
     })
+}
+
+/// `--compare` and `analyze`: no tracing, no root. A bad input (unreadable, malformed) is a
+/// usage error (exit 2) naming the file and line.
+fn run_offline(opts: &Options, work: impl FnOnce(&Options) -> Result<()>) -> Result<u8> {
+    if opts.format == DataFormat::Db {
+        log::debug("--format applies to tracing only; the offline output is CSV");
+    }
+    output::fsutil::check_writable(&opts.output_dir)
+        .map_err(|e| usage(format!("invalid output directory: {e:#}")))?;
+    work(opts).map_err(|e| match e.downcast_ref::<offline::InputError>() {
+        Some(ie) => usage(ie.to_string()),
+        None => e,
+    })?;
+    Ok(0)
 }
 
 fn report_plan(planner: &mut Planner) {

@@ -19,6 +19,7 @@ use crate::{
     analysis::leaks::{self, LeakCause, ProcessLeaks},
     attach::Planner,
     bpf::{Bpf, Counters},
+    cli::DataFormat,
     decode::{self, Decoded},
     launch, log,
     output::ProcessOutput,
@@ -35,6 +36,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub struct SessionConfig {
     pub output_dir: PathBuf,
     pub config_json: String,
+    /// `--format`: CSV files or SQLite databases (committed on every flush).
+    pub format: DataFormat,
     pub track: TrackOptions,
     pub leaks: bool,
     /// Launch mode: our direct child, whose exit status we return.
@@ -341,7 +344,12 @@ impl Session {
         let cfg = &self.cfg;
         self.procs.entry(pid).or_insert_with(|| Traced {
             state: ProcessState::new(pid),
-            out: ProcessOutput::new(&cfg.output_dir, pid, cfg.config_json.clone()),
+            out: ProcessOutput::with_format(
+                &cfg.output_dir,
+                pid,
+                cfg.config_json.clone(),
+                cfg.format,
+            ),
             finished: false,
         })
     }

@@ -1,5 +1,5 @@
-//! `memscope_dump_<ts>.csv`, written row by row as events arrive (time order), one file per
-//! device of each traced process.
+//! `memscope_dump_<ts>.csv` (or `.db` with `--format=db`), written row by row as events arrive
+//! (time order), one file per device of each traced process.
 
 use std::{
     collections::BTreeMap,
@@ -10,7 +10,8 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{DeviceKey, fsutil, local_timestamp};
+use super::{DeviceKey, db::DbWriter, fsutil, local_timestamp};
+use crate::cli::DataFormat;
 
 pub const CSV_HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
 
@@ -31,7 +32,8 @@ pub struct Row {
 }
 
 impl Row {
-    fn format(&self, id: u64) -> String {
+    /// The CSV line for this row with ID `id`, newline included.
+    pub fn format(&self, id: u64) -> String {
         let ptr = match self.ptr {
             Some(p) => format!("0x{p:016x}"),
             None => "N/A".to_string(),
@@ -58,9 +60,39 @@ pub fn quote_text(s: &str) -> String {
     format!("\"{}\"", clean.replace('"', "\"\""))
 }
 
+/// Where one device's rows go.
+enum Sink {
+    Csv(BufWriter<File>),
+    Db(DbWriter),
+}
+
+impl Sink {
+    fn write(&mut self, id: u64, row: &Row) -> Result<()> {
+        match self {
+            Sink::Csv(out) => Ok(out.write_all(row.format(id).as_bytes())?),
+            Sink::Db(db) => db.insert(id, row),
+        }
+    }
+
+    /// CSV: flush the buffer; db: commit the open transaction.
+    fn flush(&mut self) -> Result<()> {
+        match self {
+            Sink::Csv(out) => Ok(out.flush()?),
+            Sink::Db(db) => db.commit(),
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self {
+            Sink::Csv(out) => Ok(out.flush()?),
+            Sink::Db(db) => db.finish(),
+        }
+    }
+}
+
 struct DeviceFile {
     path: PathBuf,
-    out: BufWriter<File>,
+    sink: Sink,
 }
 
 /// Everything written for one traced process.
@@ -68,6 +100,9 @@ pub struct ProcessOutput {
     output_root: PathBuf,
     process_dir: PathBuf,
     config_json: String,
+    format: DataFormat,
+    /// msMemScope stamps every db of a process with one timestamp.
+    db_stamp: String,
     created: bool,
     files: BTreeMap<DeviceKey, DeviceFile>,
     /// Rows not tied to a device, copied into each device file (also ones created later).
@@ -77,13 +112,26 @@ pub struct ProcessOutput {
 }
 
 impl ProcessOutput {
+    /// CSV output.
     pub fn new(output_root: &Path, pid: u32, config_json: String) -> Self {
-        let process_dir =
-            output_root.join(format!("msmemscope_{pid}_{}_ascend", local_timestamp()));
+        Self::with_format(output_root, pid, config_json, DataFormat::Csv)
+    }
+
+    /// CSV or SQLite output.
+    pub fn with_format(
+        output_root: &Path,
+        pid: u32,
+        config_json: String,
+        format: DataFormat,
+    ) -> Self {
+        let stamp = local_timestamp();
+        let process_dir = output_root.join(format!("msmemscope_{pid}_{stamp}_ascend"));
         ProcessOutput {
             output_root: output_root.to_path_buf(),
             process_dir,
             config_json,
+            format,
+            db_stamp: stamp,
             created: false,
             files: BTreeMap::new(),
             na_rows: Vec::new(),
@@ -100,7 +148,7 @@ impl ProcessOutput {
         self.rows_written
     }
 
-    #[cfg(test)]
+    /// The dump files created so far, by device.
     pub fn dump_files(&self) -> Vec<PathBuf> {
         self.files.values().map(|f| f.path.clone()).collect()
     }
@@ -114,6 +162,37 @@ impl ProcessOutput {
         cfg.write_all(self.config_json.as_bytes())?;
         self.created = true;
         Ok(())
+    }
+
+    /// `<process dir>/<rel>`, created on demand (with the process directory and config.json).
+    pub fn subdir(&mut self, rel: &str) -> Result<PathBuf> {
+        self.ensure_process_dir()?;
+        let dir = self.process_dir.join(rel);
+        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        Ok(dir)
+    }
+
+    /// Opens a new dump file in `dir` in the configured format and writes `rows` into it.
+    fn open_dump(&self, dir: &Path, rows: &[(u64, Row)]) -> Result<DeviceFile> {
+        let (path, mut sink) = match self.format {
+            DataFormat::Csv => {
+                let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
+                let file = fsutil::create_file_secure(&path)?;
+                let mut out = BufWriter::with_capacity(256 * 1024, file);
+                writeln!(out, "{CSV_HEADER}")?;
+                (path, Sink::Csv(out))
+            }
+            DataFormat::Db => {
+                let path = dir.join(format!("memscope_dump_{}.db", self.db_stamp));
+                let db = DbWriter::create(&path)?;
+                (path, Sink::Db(db))
+            }
+        };
+        for (id, row) in rows {
+            sink.write(*id, row)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(DeviceFile { path, sink })
     }
 
     /// A directory for per-device side files (leak reports), created on demand.
@@ -130,16 +209,10 @@ impl ProcessOutput {
     fn file_for(&mut self, device: DeviceKey) -> Result<&mut DeviceFile> {
         if !self.files.contains_key(&device) {
             let dir = self.device_dump_dir(device)?;
-            let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
-            let file = fsutil::create_file_secure(&path)?;
-            let mut out = BufWriter::with_capacity(256 * 1024, file);
-            writeln!(out, "{CSV_HEADER}")?;
             // Device-less rows seen so far come first, with the ids they were given: they
             // happened before this device's first event, so the file stays in time order.
-            for (id, row) in &self.na_rows {
-                out.write_all(row.format(*id).as_bytes())?;
-            }
-            self.files.insert(device, DeviceFile { path, out });
+            let file = self.open_dump(&dir, &self.na_rows)?;
+            self.files.insert(device, file);
         }
         Ok(self.files.get_mut(&device).expect("inserted above"))
     }
@@ -150,23 +223,23 @@ impl ProcessOutput {
         self.next_id += 1;
         self.rows_written += 1;
         if row.device == DeviceKey::NotApplicable {
-            let line = row.format(id);
             for f in self.files.values_mut() {
-                f.out.write_all(line.as_bytes())?;
+                f.sink
+                    .write(id, &row)
+                    .with_context(|| format!("cannot write {}", f.path.display()))?;
             }
             self.na_rows.push((id, row));
             return Ok(());
         }
-        let line = row.format(id);
         let f = self.file_for(row.device)?;
-        f.out
-            .write_all(line.as_bytes())
+        f.sink
+            .write(id, &row)
             .with_context(|| format!("cannot write {}", f.path.display()))
     }
 
     pub fn flush(&mut self) -> Result<()> {
         for f in self.files.values_mut() {
-            f.out
+            f.sink
                 .flush()
                 .with_context(|| format!("cannot write {}", f.path.display()))?;
         }
@@ -178,17 +251,15 @@ impl ProcessOutput {
     pub fn finish(&mut self) -> Result<()> {
         if self.files.is_empty() && !self.na_rows.is_empty() {
             let dir = self.device_dump_dir(DeviceKey::NotApplicable)?;
-            let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
-            let file = fsutil::create_file_secure(&path)?;
-            let mut out = BufWriter::new(file);
-            writeln!(out, "{CSV_HEADER}")?;
-            for (id, row) in &self.na_rows {
-                out.write_all(row.format(*id).as_bytes())?;
-            }
-            self.files
-                .insert(DeviceKey::NotApplicable, DeviceFile { path, out });
+            let file = self.open_dump(&dir, &self.na_rows)?;
+            self.files.insert(DeviceKey::NotApplicable, file);
         }
-        self.flush()
+        for f in self.files.values_mut() {
+            f.sink
+                .finish()
+                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        }
+        Ok(())
     }
 }
 

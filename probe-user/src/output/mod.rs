@@ -1,7 +1,10 @@
 //! Output files in msMemScope's layout:
-//! `<out>/msmemscope_<pid>_<ts>_ascend/{config.json, device_<id>/dump/memscope_dump_<ts>.csv}`.
+//! `<out>/msmemscope_<pid>_<ts>_ascend/{config.json, device_<id>/dump/memscope_dump_<ts>.csv}`
+//! (`.db` with `--format=db`).
 
+pub mod attr;
 pub mod csv;
+pub mod db;
 pub mod fsutil;
 
 pub use csv::{ProcessOutput, Row};

@@ -1,0 +1,319 @@
+//! `memscope-bpf analyze --input=DUMP`: the HAL leak analysis, run on a saved dump (ours or
+//! msMemScope's, CSV or db) instead of a live process.
+//!
+//! A HAL block is a `MALLOC` row with Event Type `HAL` (or `HOST` with `pinned:true`, pinned
+//! host memory from `halMemAlloc`). A `FREE` row closes the live block of the same process at
+//! the same address; when the FREE carries an `allocation_id`, only the block with that id (or
+//! one without any id) matches. Rows are taken in timestamp order (msMemScope writes a block's
+//! rows together when it is freed, not in time order). Whatever is still live at the end of
+//! the dump is reported exactly like the online report: a summary on stderr and
+//! `leaks_<ts>.csv` per device under `<out>/msmemscope_<pid>_<ts>_ascend/device_<d>/dump/`.
+//! The mstx step of a block counts the `"step start"` ranges of its process before it.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use anyhow::Result;
+
+use super::reader::{self, DumpRow, Loc, parse_ptr};
+use crate::{
+    analysis::leaks::{self, LeakCause, ProcessLeaks},
+    cli::{self, Options, UNKNOWN_DEVICE_ID},
+    hal::{DEVICE_CPU, PageType},
+    log,
+    output::{DeviceKey, ProcessOutput},
+    tracker::{Block, BlockKind},
+};
+
+/// What the analysis found in one dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Analysis {
+    /// Rows read.
+    pub rows: u64,
+    /// HAL MALLOC rows.
+    pub mallocs: u64,
+    /// HAL FREE rows that closed a block.
+    pub frees: u64,
+    /// HAL FREE rows that matched no live block.
+    pub unmatched_frees: u64,
+    /// Blocks still live at the end, by process, in allocation order.
+    pub leaks: BTreeMap<u32, Vec<Block>>,
+}
+
+enum Ev {
+    Step,
+    Malloc(Block),
+    Free {
+        addr: u64,
+        allocation_id: Option<u64>,
+    },
+}
+
+fn is_hal(row: &DumpRow) -> bool {
+    row.event_type == "HAL" || (row.event_type == "HOST" && row.attr("pinned") == Some("true"))
+}
+
+fn address(row: &DumpRow, loc: Loc, path: &Path) -> Result<u64> {
+    if let Some(p) = row.ptr {
+        return Ok(p);
+    }
+    match row.attr("addr").map(parse_ptr) {
+        Some(Ok(Some(a))) => Ok(a),
+        _ => Err(loc
+            .error(
+                path,
+                format!(
+                    "{} {} row without an address (Ptr is N/A and Attr has no addr)",
+                    row.event, row.event_type
+                ),
+            )
+            .into()),
+    }
+}
+
+fn attr_u64(row: &DumpRow, key: &str, loc: Loc, path: &Path) -> Result<Option<u64>> {
+    match row.attr(key) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+            loc.error(
+                path,
+                format!(
+                    "Attr {key} '{}' is not a non-negative integer",
+                    super::excerpt(v, 40)
+                ),
+            )
+            .into()
+        }),
+    }
+}
+
+fn device_id(d: DeviceKey) -> u32 {
+    match d {
+        DeviceKey::Npu(n) => n,
+        DeviceKey::Cpu => DEVICE_CPU,
+        DeviceKey::NotApplicable => UNKNOWN_DEVICE_ID,
+    }
+}
+
+/// Reads `path` and returns the HAL blocks never freed.
+pub fn find_leaks(path: &Path) -> Result<Analysis> {
+    let mut evs: Vec<(u64, u64, u32, Ev)> = Vec::new();
+    let mut a = Analysis::default();
+    reader::for_each_row(path, |loc, row| {
+        a.rows += 1;
+        let ev = match row.event.as_str() {
+            "MSTX" if row.event_type == "Range_start" && row.name == "step start" => Ev::Step,
+            "MALLOC" if is_hal(&row) => {
+                let size = match row.attr("size") {
+                    None => 0,
+                    Some(s) => s.trim().parse::<i64>().map_err(|_| {
+                        loc.error(
+                            path,
+                            format!("Attr size '{}' is not an integer", super::excerpt(s, 40)),
+                        )
+                    })?,
+                };
+                let kind = if row.event_type == "HOST" {
+                    BlockKind::PinnedHost
+                } else if row.attr("alloc_type") == Some("create") {
+                    BlockKind::Handle
+                } else {
+                    BlockKind::Device
+                };
+                let module_id = row
+                    .attr("MID")
+                    .and_then(|m| m.trim().parse::<u32>().ok())
+                    .unwrap_or(u32::MAX);
+                let page_type = match row.attr("page_type") {
+                    Some("huge") => PageType::Huge,
+                    Some("giant") => PageType::Giant,
+                    _ => PageType::Normal,
+                };
+                Ev::Malloc(Block {
+                    allocation_id: attr_u64(&row, "allocation_id", loc, path)?.unwrap_or(0),
+                    addr: address(&row, loc, path)?,
+                    size: size.unsigned_abs(),
+                    device: device_id(row.device),
+                    kind,
+                    tid: row.tid,
+                    ts_ns: row.ts_ns,
+                    step: 0,
+                    module_id,
+                    page_type,
+                })
+            }
+            "FREE" if is_hal(&row) => Ev::Free {
+                addr: address(&row, loc, path)?,
+                allocation_id: attr_u64(&row, "allocation_id", loc, path)?,
+            },
+            _ => return Ok(()),
+        };
+        evs.push((row.ts_ns, a.rows, row.pid, ev));
+        Ok(())
+    })?;
+    evs.sort_by_key(|(ts, order, _, _)| (*ts, *order));
+
+    let mut steps: HashMap<u32, u32> = HashMap::new();
+    let mut live: HashMap<(u32, u64), Vec<Block>> = HashMap::new();
+    for (_, _, pid, ev) in evs {
+        match ev {
+            Ev::Step => *steps.entry(pid).or_default() += 1,
+            Ev::Malloc(mut b) => {
+                a.mallocs += 1;
+                b.step = steps.get(&pid).copied().unwrap_or(0);
+                live.entry((pid, b.addr)).or_default().push(b);
+            }
+            Ev::Free {
+                addr,
+                allocation_id,
+            } => {
+                let blocks = live.entry((pid, addr)).or_default();
+                let pos = match allocation_id {
+                    Some(id) => blocks
+                        .iter()
+                        .rposition(|b| b.allocation_id == id || b.allocation_id == 0),
+                    None => blocks.len().checked_sub(1),
+                };
+                match pos {
+                    Some(i) => {
+                        blocks.remove(i);
+                        a.frees += 1;
+                    }
+                    None => a.unmatched_frees += 1,
+                }
+            }
+        }
+    }
+    for ((pid, _), blocks) in live {
+        a.leaks.entry(pid).or_default().extend(blocks);
+    }
+    a.leaks.retain(|_, v| !v.is_empty());
+    for v in a.leaks.values_mut() {
+        v.sort_by_key(|b| (b.allocation_id, b.ts_ns, b.addr));
+    }
+    Ok(a)
+}
+
+/// `analyze`: runs the analysis, writes the leak files, prints the summary on stderr.
+/// Returns the files written.
+pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
+    let a = find_leaks(input)?;
+    log::info(&format!(
+        "{}: {} row(s); {} HAL allocation(s), {} free(s){}",
+        input.display(),
+        a.rows,
+        a.mallocs,
+        a.frees,
+        if a.unmatched_frees > 0 {
+            format!(
+                ", {} free(s) without a matching allocation in the dump",
+                a.unmatched_frees
+            )
+        } else {
+            String::new()
+        }
+    ));
+    if a.mallocs == 0 {
+        log::warn("the dump has no HAL MALLOC rows: nothing to analyze");
+    }
+    let config = cli::config_json(opts);
+    let mut report = Vec::new();
+    let mut written = Vec::new();
+    for (pid, blocks) in a.leaks {
+        let mut out = ProcessOutput::new(&opts.output_dir, pid, config.clone());
+        let files = leaks::write_leak_files(&mut out, pid, &blocks)?;
+        written.extend(files.iter().cloned());
+        report.push(ProcessLeaks {
+            pid,
+            // The end of the dump stands for the end of the process.
+            cause: LeakCause::Exited,
+            blocks,
+            files,
+        });
+    }
+    for line in leaks::format_report(&report, 20).lines() {
+        log::info(line);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn analyze_text(name: &str, text: &str) -> Analysis {
+        let dir =
+            std::env::temp_dir().join(format!("memscope-analyze-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("d.csv");
+        std::fs::write(&p, text).unwrap();
+        let a = find_leaks(&p).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        a
+    }
+
+    const H: &str = crate::output::csv::CSV_HEADER;
+
+    #[test]
+    fn matches_by_address_and_allocation_id() {
+        let a = analyze_text(
+            "ids",
+            &format!(
+                "{H}\n\
+                 0,MSTX,Range_start,\"step start\",1,7,7,0,N/A,,,\n\
+                 1,MALLOC,HAL,N/A,10,7,8,0,0x0000000000001000,\"{{allocation_id:1,addr:0x0000000000001000,size:4096,used:4096,page_type:huge,alloc_type:alloc}}\",,\n\
+                 2,FREE,HAL,N/A,20,7,8,0,0x0000000000001000,\"{{allocation_id:1,addr:0x0000000000001000,size:4096,used:0}}\",,\n\
+                 3,MALLOC,HAL,N/A,30,7,8,0,0x0000000000001000,\"{{allocation_id:2,addr:0x0000000000001000,size:100,used:100,page_type:normal,alloc_type:alloc}}\",,\n\
+                 4,MALLOC,HAL,N/A,31,7,9,1,0x0000000000002000,\"{{allocation_id:3,addr:0x0000000000002000,size:5,used:5,page_type:normal,alloc_type:create}}\",,\n\
+                 5,FREE,HAL,N/A,40,7,8,0,0x0000000000001000,\"{{allocation_id:9,addr:0x0000000000001000,size:100,used:0}}\",,\n\
+                 6,MALLOC,PTA,N/A,41,7,8,0,0x0000000000003000,\"{{allocation_id:4,addr:0x0000000000003000,size:1,used:1,total:1}}\",,\n\
+                 7,MALLOC,HOST,N/A,42,7,8,cpu,0x0000000000004000,\"{{allocation_id:5,addr:0x0000000000004000,size:64,pinned:true,used:64}}\",,\n\
+                 8,MALLOC,HOST,N/A,43,7,8,cpu,0x0000000000005000,\"{{allocation_id:6,addr:0x0000000000005000,size:64,total:64}}\",,\n"
+            ),
+        );
+        assert_eq!(a.rows, 9);
+        assert_eq!(a.mallocs, 4);
+        assert_eq!(a.frees, 1);
+        assert_eq!(a.unmatched_frees, 1, "allocation_id 9 matches nothing");
+        let b = &a.leaks[&7];
+        assert_eq!(
+            b.iter().map(|b| b.allocation_id).collect::<Vec<_>>(),
+            [2, 3, 5]
+        );
+        assert_eq!(b[0].size, 100);
+        assert_eq!(b[0].step, 1);
+        assert_eq!(b[0].kind, BlockKind::Device);
+        assert_eq!(b[1].kind, BlockKind::Handle);
+        assert_eq!(b[1].device, 1);
+        assert_eq!(b[1].tid, 9);
+        assert_eq!(b[2].kind, BlockKind::PinnedHost);
+        assert_eq!(b[2].device, DEVICE_CPU);
+    }
+
+    #[test]
+    fn old_layout_out_of_order_rows() {
+        // msMemScope writes a block's rows when it is freed, so a FREE may come before the
+        // MALLOC of an earlier block at the same address; sizes of FREEs were negative.
+        let a = analyze_text(
+            "old",
+            &format!(
+                "{H}\n\
+                 1,SYSTEM,acl init,N/A,1,5,5,N/A,N/A,,,\n\
+                 4,MALLOC,HAL,N/A,40,5,5,0,4096,\"{{addr:4096,size:10,owner:,MID:7}}\",,\n\
+                 5,FREE,HAL,N/A,50,5,5,0,4096,\"{{addr:4096,size:-10,owner:,MID:7}}\",,\n\
+                 2,MALLOC,HAL,N/A,20,5,5,0,4096,\"{{addr:4096,size:30,owner:,MID:33}}\",,\n\
+                 3,FREE,HAL,N/A,30,5,5,0,4096,\"{{addr:4096,size:-30,owner:,MID:33}}\",,\n\
+                 6,MALLOC,HAL,N/A,60,5,5,host,8192,\"{{addr:8192,size:20,owner:,MID:255}}\",,\n"
+            ),
+        );
+        assert_eq!((a.mallocs, a.frees, a.unmatched_frees), (3, 2, 0));
+        let b = &a.leaks[&5];
+        assert_eq!(b.len(), 1);
+        assert_eq!((b[0].addr, b[0].size, b[0].device), (8192, 20, DEVICE_CPU));
+        assert_eq!(b[0].module_id, 255);
+        assert_eq!(b[0].allocation_id, 0);
+    }
+}

@@ -1,0 +1,164 @@
+//! Work on dumps that were already written: read them ([`reader`]), compare two runs
+//! ([`compare`], `--compare`) and run the leak analysis after the fact ([`analyze`],
+//! `memscope-bpf analyze`).
+//!
+//! Inputs may be our own dumps or msMemScope's (CSV in the current layout or the 2025-04 one,
+//! or the SQLite db). Problems with an input are [`InputError`]s, which the command turns into
+//! exit code 2 with the file and line in the message.
+
+pub mod analyze;
+pub mod compare;
+pub mod reader;
+
+use std::{fmt, path::Path};
+
+use crate::cli::MAX_COMPARE_INPUT_BYTES;
+
+/// Something wrong with an input file: where (file, and line or row when known) and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputError {
+    pub path: String,
+    /// `line 12` for CSV, `row 3` for a db; `None` for the file as a whole.
+    pub location: Option<String>,
+    pub message: String,
+}
+
+impl InputError {
+    pub fn file(path: &Path, message: impl Into<String>) -> Self {
+        InputError {
+            path: path.display().to_string(),
+            location: None,
+            message: message.into(),
+        }
+    }
+
+    pub fn at(path: &Path, location: impl Into<String>, message: impl Into<String>) -> Self {
+        InputError {
+            path: path.display().to_string(),
+            location: Some(location.into()),
+            message: message.into(),
+        }
+    }
+
+    /// CSV location: `file:LINE: message`.
+    pub fn line(path: &Path, line: u64, message: impl Into<String>) -> Self {
+        Self::at(path, line.to_string(), message)
+    }
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.location {
+            Some(l) if l.chars().all(|c| c.is_ascii_digit()) => {
+                write!(f, "{}:{l}: {}", self.path, self.message)
+            }
+            Some(l) => write!(f, "{}: {l}: {}", self.path, self.message),
+            None => write!(f, "{}: {}", self.path, self.message),
+        }
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// The input rules of `--input-path`: an existing regular file (not a symlink, checked without
+/// following it), at most 8 GiB.
+pub fn check_input_file(path: &Path) -> Result<u64, InputError> {
+    let md = std::fs::symlink_metadata(path)
+        .map_err(|e| InputError::file(path, format!("cannot be read: {e}")))?;
+    if md.file_type().is_symlink() {
+        return Err(InputError::file(
+            path,
+            "is a symbolic link; give the file itself",
+        ));
+    }
+    if !md.is_file() {
+        return Err(InputError::file(path, "is not a regular file"));
+    }
+    if md.len() > MAX_COMPARE_INPUT_BYTES {
+        return Err(InputError::file(
+            path,
+            format!("is larger than 8 GiB ({} bytes)", md.len()),
+        ));
+    }
+    Ok(md.len())
+}
+
+/// Text for a message: control characters escaped, cut to `max` characters.
+pub(crate) fn excerpt(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (n, c) in s.chars().enumerate() {
+        if n == max {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_display_names_file_and_line() {
+        let p = Path::new("/x/d.csv");
+        assert_eq!(
+            InputError::line(p, 7, "bad ID").to_string(),
+            "/x/d.csv:7: bad ID"
+        );
+        assert_eq!(
+            InputError::at(p, "row 3", "bad ID").to_string(),
+            "/x/d.csv: row 3: bad ID"
+        );
+        assert_eq!(InputError::file(p, "empty").to_string(), "/x/d.csv: empty");
+        assert_eq!(excerpt("a\nb", 10), "a\\nb");
+        assert_eq!(excerpt("abcdef", 3), "abc...");
+    }
+
+    #[test]
+    fn input_file_rules() {
+        let dir = std::env::temp_dir().join(format!("memscope-offline-in-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("a.csv");
+        std::fs::write(&f, "x").unwrap();
+        assert_eq!(check_input_file(&f).unwrap(), 1);
+        let l = dir.join("l.csv");
+        std::os::unix::fs::symlink(&f, &l).unwrap();
+        assert!(
+            check_input_file(&l)
+                .unwrap_err()
+                .message
+                .contains("symbolic link")
+        );
+        assert!(
+            check_input_file(&dir)
+                .unwrap_err()
+                .message
+                .contains("regular file")
+        );
+        assert!(
+            check_input_file(&dir.join("nope"))
+                .unwrap_err()
+                .message
+                .contains("cannot be read")
+        );
+        let big = dir.join("big.csv");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_COMPARE_INPUT_BYTES + 1)
+            .unwrap();
+        assert!(
+            check_input_file(&big)
+                .unwrap_err()
+                .message
+                .contains("8 GiB")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
