@@ -7,7 +7,10 @@ use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{TracePoint, UProbe, uprobe::UProbeAttachPoint, uprobe::UProbeScope},
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeAttachPoint, UProbeScope},
+    },
 };
 use probe_common::{ProbeSpec, TracepointOffsets, counter};
 
@@ -120,6 +123,7 @@ impl Bpf {
                 location: file_offset.into(),
                 cookie: Some(probe as u64),
             };
+            // Links stay owned by the program; see `detach_in_background` for teardown.
             up.attach(point, path, UProbeScope::AllProcesses)
                 .with_context(|| {
                     format!(
@@ -166,6 +170,42 @@ impl Bpf {
             orphan_return: sum(counter::ORPHAN_RETURN),
             traced_full: sum(counter::TRACED_FULL),
         }
+    }
+
+    /// Hands the teardown of every probe to a background process and returns at once.
+    ///
+    /// The kernel unregisters uprobes one at a time, waiting for a grace period each (~0.1 s
+    /// here), so detaching a few dozen takes seconds. A forked child keeps its copies of the
+    /// link descriptors until this process has exited, then exits itself, dropping the last
+    /// references: the slow work happens after the caller is gone. Call it last, once all
+    /// output is written; nothing is traced any more (the traced set is empty by then).
+    pub fn detach_in_background(self) {
+        let mut fds = [0; 2];
+        // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
+        unsafe {
+            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return; // falls back to detaching in the foreground (Drop)
+            }
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::close(fds[1]);
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+                let mut b = 0u8;
+                // EOF once the parent (holding the write end) has exited.
+                while libc::read(fds[0], (&mut b as *mut u8).cast(), 1) > 0 {}
+                libc::_exit(0);
+            }
+            libc::close(fds[0]);
+            if pid < 0 {
+                libc::close(fds[1]);
+                return;
+            }
+        }
+        // The parent's descriptors close at exit, cheaply: the child still holds them.
+        std::mem::forget(self);
     }
 }
 

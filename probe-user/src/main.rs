@@ -195,10 +195,13 @@ fn run(opts: Options) -> Result<u8> {
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
 
     print_summary(&result, &opts.output_dir);
-    Ok(match result.end {
+    let code = match result.end {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
-    })
+    };
+    // Everything is written: let a background process pay for unregistering the uprobes.
+    result.bpf.detach_in_background();
+    Ok(code)
 }
 
 /// `--compare` and `analyze`: no tracing, no root. A bad input (unreadable, malformed) is a

@@ -57,6 +57,8 @@ pub struct SessionResult {
     pub leaks: Vec<ProcessLeaks>,
     pub counters: Counters,
     pub events: u64,
+    /// The loaded programs, still attached: `Bpf::detach_in_background` once output is done.
+    pub bpf: Bpf,
 }
 
 struct Pending {
@@ -230,6 +232,7 @@ impl Session {
             leaks: std::mem::take(&mut self.leaks),
             counters: self.bpf.counters(),
             events: self.events,
+            bpf: self.bpf,
         })
     }
 

@@ -225,3 +225,41 @@ fn steps_option_keeps_only_the_listed_steps() {
         "{stderr}"
     );
 }
+
+#[test]
+fn offline_analyze_replays_the_pool_step_analyses() {
+    if !require_root("offline_analyze_replays_the_pool_step_analyses") {
+        return;
+    }
+    let _serial = serial();
+    let (out_dir, pid, online, _) = trace_pool("mindspore", &[]);
+    let dump = find_files(
+        &process_dir(&out_dir, pid).unwrap().join("device_1"),
+        "memscope_dump_",
+    )[0]
+    .clone();
+    let out = run_tracer(&[
+        "analyze",
+        "--input",
+        dump.to_str().unwrap(),
+        "-o",
+        out_dir.join("offline").to_str().unwrap(),
+    ]);
+    let offline = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{offline}");
+    let device1 = |text: &str| -> Vec<String> {
+        let start = text
+            .find("Detected memory leaks on device 1")
+            .expect("device 1 report");
+        text[start..]
+            .lines()
+            .take(3)
+            .map(|l| l.trim_start_matches("[memscope-bpf] ").to_string())
+            .collect()
+    };
+    assert_eq!(device1(&offline), device1(&online));
+    assert!(
+        offline.contains("Mindspore memory pool Gap Analysis of Device 1"),
+        "{offline}"
+    );
+}

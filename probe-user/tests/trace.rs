@@ -379,7 +379,7 @@ fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
     let log = dir.join("gt.log");
     let out_dir = dir.join("out");
     let mut target = Command::new(bin("workload"))
-        .args(["--loop-ms", "4000", "--log", log.to_str().unwrap()])
+        .args(["--loop-ms", "10000", "--log", log.to_str().unwrap()])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -407,7 +407,9 @@ fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
             break f.clone();
         }
         assert!(
-            started.elapsed() < Duration::from_secs(3),
+            // A tracer that ran just before may still be unregistering its uprobes in the
+            // background, which the kernel serializes with our attaching.
+            started.elapsed() < Duration::from_secs(8),
             "tracer wrote nothing"
         );
         std::thread::sleep(Duration::from_millis(20));

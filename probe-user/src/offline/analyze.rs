@@ -19,11 +19,15 @@ use anyhow::Result;
 
 use super::reader::{self, DumpRow, Loc, parse_ptr};
 use crate::{
-    analysis::leaks::{self, LeakCause, ProcessLeaks},
+    analysis::{
+        leaks::{self, LeakCause, ProcessLeaks},
+        steps::{Gaps, LiveBlock, StepLeaks},
+    },
     cli::{self, Options, UNKNOWN_DEVICE_ID},
     hal::{DEVICE_CPU, PageType},
     log,
     output::{DeviceKey, ProcessOutput},
+    pools::PoolKind,
     tracker::{Block, BlockKind},
 };
 
@@ -98,6 +102,86 @@ fn device_id(d: DeviceKey) -> u32 {
 }
 
 /// Reads `path` and returns the HAL blocks never freed.
+/// Replays the pool rows of a dump through the step analyses (leaks per step, gaps); returns
+/// the report of each process that has something to report. Pool kinds come from the Event
+/// Type, so the PTA workspace pool (also written `PTA`) counts as the caching pool here.
+pub fn pool_reports(path: &Path) -> Result<BTreeMap<u32, String>> {
+    #[derive(Default)]
+    struct Proc {
+        step: u32,
+        in_step: bool,
+        live: HashMap<(PoolKind, u64), LiveBlock>,
+        leaks: StepLeaks,
+        gaps: Gaps,
+    }
+    let mut rows = reader::read_rows(path)?;
+    rows.sort_by_key(|r| (r.ts_ns, r.id));
+    let mut procs: BTreeMap<u32, Proc> = BTreeMap::new();
+    for row in rows {
+        let p = procs.entry(row.pid).or_default();
+        let pool = match row.event_type.as_str() {
+            "PTA" => Some(PoolKind::PtaCaching),
+            "ATB" => Some(PoolKind::Atb),
+            "MINDSPORE" => Some(PoolKind::MindSpore),
+            _ => None,
+        };
+        match (row.event.as_str(), pool) {
+            ("MSTX", _) if row.event_type == "Range_start" && row.name == "step start" => {
+                p.step += 1;
+                p.in_step = true;
+                p.gaps.on_step_start(p.step);
+            }
+            // Any range end inside a step closes it, as msMemScope's step tracker does.
+            ("MSTX", _) if row.event_type == "Range_end" && p.in_step => {
+                p.in_step = false;
+                let live: Vec<LiveBlock> = p.live.values().copied().collect();
+                p.leaks.on_step_end(p.step, &live);
+                p.gaps.on_step_end(p.step);
+            }
+            ("MALLOC" | "FREE", Some(pool)) => {
+                let Some(addr) = row
+                    .ptr
+                    .or_else(|| row.attr("addr").and_then(|a| parse_ptr(a).ok().flatten()))
+                else {
+                    continue;
+                };
+                let device = device_id(row.device);
+                let size = row
+                    .attr("size")
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if row.event == "MALLOC" {
+                    p.live.insert(
+                        (pool, addr),
+                        LiveBlock {
+                            pool,
+                            device,
+                            addr,
+                            size,
+                            alloc_step: p.step,
+                            kernel_index: 0,
+                        },
+                    );
+                } else {
+                    p.live.remove(&(pool, addr));
+                }
+                if let Some(used) = row.attr("used").and_then(|u| u.trim().parse::<u64>().ok()) {
+                    p.gaps.on_update(pool, device, used);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(procs
+        .into_iter()
+        .filter_map(|(pid, p)| {
+            let mut r = p.leaks.report();
+            r.push_str(&p.gaps.report());
+            (!r.is_empty()).then_some((pid, r))
+        })
+        .collect())
+}
+
 pub fn find_leaks(path: &Path) -> Result<Analysis> {
     let mut evs: Vec<(u64, u64, u32, Ev)> = Vec::new();
     let mut a = Analysis::default();
@@ -219,6 +303,7 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
         log::warn("the dump has no HAL MALLOC rows: nothing to analyze");
     }
     let config = cli::config_json(opts);
+    let mut pool_reports = pool_reports(input)?;
     let mut report = Vec::new();
     let mut written = Vec::new();
     for (pid, blocks) in a.leaks {
@@ -231,10 +316,22 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
             cause: LeakCause::Exited,
             blocks,
             files,
+            pool_report: pool_reports.remove(&pid).unwrap_or_default(),
         });
     }
     for line in leaks::format_report(&report, 20).lines() {
         log::info(line);
+    }
+    // Processes with pool findings but no HAL leak.
+    let pool_lines = report
+        .iter()
+        .map(|p| (p.pid, p.pool_report.clone()))
+        .chain(pool_reports);
+    for (pid, text) in pool_lines.filter(|(_, t)| !t.is_empty()) {
+        log::info(&format!("pid {pid}: framework memory pools"));
+        for line in text.lines() {
+            log::info(line);
+        }
     }
     Ok(written)
 }
