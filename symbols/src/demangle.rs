@@ -50,8 +50,8 @@ fn is_rust_legacy(name: &str) -> bool {
     let Some(body) = inner.strip_suffix('E') else {
         return false;
     };
-    body.len() > 20
-        && body[body.len() - 20..].starts_with("17h")
+    body.len() > 19
+        && body[body.len() - 19..].starts_with("17h")
         && body[body.len() - 16..]
             .bytes()
             .all(|b| b.is_ascii_hexdigit())
