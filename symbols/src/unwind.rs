@@ -235,7 +235,7 @@ fn step(
         && let Some(vaddr) = obj.file_offset_to_vaddr(loc.file_offset)
         && let Some(row) = obj.unwind_row(vaddr, ctx)
     {
-        return cfi_step(&row, regs, stack, options.arch);
+        return cfi_step(&row, regs, stack, options.arch, first);
     }
     if options.use_frame_pointers {
         out.frame_pointer_steps += 1;
@@ -319,7 +319,13 @@ fn evaluate(
     }
 }
 
-fn cfi_step(row: &UnwindRow, regs: &RegFile, stack: &StackSnapshot<'_>, arch: Arch) -> Step {
+fn cfi_step(
+    row: &UnwindRow,
+    regs: &RegFile,
+    stack: &StackSnapshot<'_>,
+    arch: Arch,
+    first: bool,
+) -> Step {
     let (sp_reg, _) = arch.sp_fp();
     let cfa = match &row.cfa {
         CfaRule::RegisterOffset(r, off) => match regs.get(*r) {
@@ -372,10 +378,13 @@ fn cfi_step(row: &UnwindRow, regs: &RegFile, stack: &StackSnapshot<'_>, arch: Ar
     }
     let ra = if ra_rule_seen {
         next.get(row.return_address_register)
-    } else {
-        // No rule for the return address column: it is still in its register (aarch64
-        // leaf functions), or unknown.
+    } else if first && arch.link_register() == Some(row.return_address_register) {
+        // At the innermost frame the return address may still be in the link register.
         regs.get(row.return_address_register)
+    } else {
+        // No rule: gimli drops `DW_CFA_undefined`, which marks the outermost frame
+        // (`_start`, thread entry points).
+        return Step::End;
     };
     let Some(ra) = ra else {
         return Step::Stop(StopReason::NoUnwindInfo);
