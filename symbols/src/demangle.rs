@@ -3,10 +3,10 @@
 /// Demangles `name` if it is a mangled C++ or Rust name; returns it unchanged otherwise.
 /// Rust legacy names lose their `::h<hash>` suffix.
 pub fn demangle(name: &str) -> String {
-    if name.starts_with("_R") || is_rust_legacy(name) {
-        if let Ok(d) = rustc_demangle::try_demangle(name) {
-            return format!("{d:#}");
-        }
+    if (name.starts_with("_R") || is_rust_legacy(name))
+        && let Ok(d) = rustc_demangle::try_demangle(name)
+    {
+        return format!("{d:#}");
     }
     if name.starts_with("_Z") {
         // Symbols like `_ZN3foo3barEv.cold` or `.isra.0` carry a clone suffix.

@@ -585,7 +585,7 @@ impl ObjectInfo {
         self.segments
             .iter()
             .find(|s| offset >= s.offset && offset - s.offset < s.filesz.max(1))
-            .map(|s| offset - s.offset + s.vaddr)
+            .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
     }
 
     /// The ELF function symbol containing `vaddr`, demangled, and the offset into it.
@@ -610,7 +610,10 @@ impl ObjectInfo {
     /// returned.
     pub fn symbolize(&self, vaddr: u64) -> Vec<SourceFrame> {
         let mut frames = Vec::new();
-        if let Some(ctx) = self.context() {
+        // addr2line probes `[vaddr, vaddr + 1)`.
+        if vaddr < u64::MAX
+            && let Some(ctx) = self.context()
+        {
             let ctx = ctx.lock().unwrap_or_else(|e| e.into_inner());
             if let Ok(mut iter) = ctx.find_frames(vaddr).skip_all_loads() {
                 // Bound the inline depth against corrupt DWARF.

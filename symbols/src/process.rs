@@ -221,7 +221,7 @@ impl ProcessView {
         let mapping = self.mappings[..idx].last()?;
         (addr < mapping.end).then(|| ModuleAddress {
             mapping,
-            file_offset: addr - mapping.start + mapping.offset,
+            file_offset: (addr - mapping.start).wrapping_add(mapping.offset),
         })
     }
 

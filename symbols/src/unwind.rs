@@ -137,6 +137,8 @@ impl RegFile {
     }
 }
 
+// Register files are small and short-lived; no point boxing them.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Next { pc: u64, regs: RegFile },
     End,
@@ -258,7 +260,7 @@ fn fp_step(regs: &RegFile, stack: &StackSnapshot<'_>, arch: Arch) -> Step {
     };
     let mut next = *regs;
     next.set(fp_reg, Some(saved_fp));
-    next.set(sp_reg, Some(fp + 16));
+    next.set(sp_reg, Some(fp.wrapping_add(16)));
     if let Some(lr) = arch.link_register() {
         next.set(lr, None);
     }
@@ -295,12 +297,12 @@ fn evaluate(
                 Some(v) => eval.resume_with_register(Value::Generic(v)),
                 None => return Eval::Failed,
             },
-            Ok(EvaluationResult::RequiresMemory { address, size, .. }) if size == 8 => {
-                match stack.read_u64(address) {
-                    Some(v) => eval.resume_with_memory(Value::Generic(v)),
-                    None => return Eval::OutsideSnapshot,
-                }
-            }
+            Ok(EvaluationResult::RequiresMemory {
+                address, size: 8, ..
+            }) => match stack.read_u64(address) {
+                Some(v) => eval.resume_with_memory(Value::Generic(v)),
+                None => return Eval::OutsideSnapshot,
+            },
             _ => return Eval::Failed,
         };
     }

@@ -47,10 +47,7 @@ fn stripped_library_finds_debug_file_by_debuglink() {
         .find(|s| s.name() == Ok("mid_inner"))
         .unwrap()
         .address();
-    assert_eq!(
-        obj.symbol(inner).map(|(n, o)| (n, o)),
-        Some(("mid_inner".to_string(), 0))
-    );
+    assert_eq!(obj.symbol(inner), Some(("mid_inner".to_string(), 0)));
 }
 
 #[test]
