@@ -224,3 +224,25 @@ impl Symbolizer {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbolizer_and_views_can_be_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Symbolizer>();
+        assert_send_sync::<ProcessView>();
+        assert_send_sync::<ObjectInfo>();
+    }
+
+    #[test]
+    fn address_outside_any_mapping_is_unknown() {
+        let view = ProcessView::from_maps_text("");
+        let frames = Symbolizer::new().symbolize(&view, 0x1234, false);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].module, None);
+        assert_eq!(frames[0].function, None);
+    }
+}
