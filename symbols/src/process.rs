@@ -1,0 +1,269 @@
+//! A snapshot of a process's memory map: which module (file) an absolute address falls in, and
+//! at which file offset. The view is immutable and cheap to keep, so the tracer can take one
+//! when the maps change and symbolize events later.
+
+use std::{
+    fs::File,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+};
+
+use anyhow::Result;
+
+use crate::{
+    maps::{MapEntry, parse_maps, read_maps},
+    object::ObjectInfo,
+};
+
+/// A file mapped into the process, shared by all its mappings.
+#[derive(Debug)]
+pub struct ModuleFile {
+    /// The path as the process sees it (from maps).
+    pub path: PathBuf,
+    /// The file was deleted or replaced on disk after it was mapped.
+    pub deleted: bool,
+    pub inode: u64,
+    /// Where to open the file: `/proc/PID/map_files/START-END` of one of its mappings.
+    map_files: Option<PathBuf>,
+    /// `/proc/PID/root`, to resolve paths in the process's mount namespace.
+    root: Option<PathBuf>,
+    file: OnceLock<Option<Arc<File>>>,
+    /// The parsed object, once a symbolizer resolved it (or preset for in-memory objects).
+    pub(crate) object: OnceLock<std::result::Result<Arc<ObjectInfo>, Arc<str>>>,
+}
+
+impl ModuleFile {
+    /// The file name (last path component), used in `module+0xoffset` frames.
+    pub fn name(&self) -> &str {
+        self.path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?")
+    }
+
+    /// `/proc/PID/root`, when the view came from a live process.
+    pub fn root(&self) -> Option<&Path> {
+        self.root.as_deref()
+    }
+
+    /// Opens the file once: through `/proc/PID/map_files` when readable (works for deleted
+    /// or replaced files), else through `/proc/PID/root`, else the path itself. Paths are
+    /// only used when the inode still matches what was mapped.
+    pub fn open(&self) -> Option<Arc<File>> {
+        self.file
+            .get_or_init(|| {
+                if let Some(mf) = &self.map_files
+                    && let Ok(f) = File::open(mf)
+                {
+                    return Some(Arc::new(f));
+                }
+                if self.deleted {
+                    return None;
+                }
+                let mut candidates = Vec::new();
+                if let Some(root) = &self.root {
+                    candidates.push(root.join(self.path.strip_prefix("/").unwrap_or(&self.path)));
+                }
+                candidates.push(self.path.clone());
+                candidates.into_iter().find_map(|p| {
+                    let f = File::open(&p).ok()?;
+                    let m = f.metadata().ok()?;
+                    (m.is_file() && (self.inode == 0 || m.ino() == self.inode)).then(|| Arc::new(f))
+                })
+            })
+            .clone()
+    }
+
+    /// Opens the file now, so it stays readable after the process exits or the file is
+    /// deleted. Returns whether it could be opened.
+    pub fn pin(&self) -> bool {
+        self.open().is_some()
+    }
+}
+
+/// One mapping of the view.
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    pub executable: bool,
+    /// `None` for anonymous mappings (heap, stack, JIT code).
+    pub module: Option<Arc<ModuleFile>>,
+}
+
+/// Where an absolute address lies.
+#[derive(Clone, Debug)]
+pub struct ModuleAddress<'a> {
+    pub mapping: &'a Mapping,
+    /// `address - start + offset`.
+    pub file_offset: u64,
+}
+
+impl ModuleAddress<'_> {
+    pub fn module(&self) -> Option<&Arc<ModuleFile>> {
+        self.mapping.module.as_ref()
+    }
+}
+
+/// An immutable snapshot of a process's mappings, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessView {
+    pid: Option<u32>,
+    mappings: Vec<Mapping>,
+}
+
+impl ProcessView {
+    /// Snapshots the maps of a live process. Files are opened lazily; call
+    /// [`ProcessView::pin_all`] to open them right away.
+    pub fn from_pid(pid: u32) -> Result<Self> {
+        let entries = read_maps(pid)?;
+        Ok(Self::build(Some(pid), &entries))
+    }
+
+    /// A view of maps text captured earlier (files are opened by path, not through /proc).
+    pub fn from_maps_text(text: &str) -> Self {
+        Self::build(None, &parse_maps(text))
+    }
+
+    /// A view of parsed maps entries; with `pid`, files are opened through `/proc/PID/`.
+    pub fn from_entries(pid: Option<u32>, entries: &[MapEntry]) -> Self {
+        Self::build(pid, entries)
+    }
+
+    /// A view with one executable mapping backed by an already parsed object (tests, fuzzing).
+    pub fn with_object(
+        name: &str,
+        start: u64,
+        end: u64,
+        offset: u64,
+        object: Arc<ObjectInfo>,
+    ) -> Self {
+        let module = ModuleFile {
+            path: PathBuf::from(name),
+            deleted: false,
+            inode: 0,
+            map_files: None,
+            root: None,
+            file: OnceLock::from(None),
+            object: OnceLock::from(Ok(object)),
+        };
+        ProcessView {
+            pid: None,
+            mappings: vec![Mapping {
+                start,
+                end,
+                offset,
+                executable: true,
+                module: Some(Arc::new(module)),
+            }],
+        }
+    }
+
+    fn build(pid: Option<u32>, entries: &[MapEntry]) -> Self {
+        let mut modules: Vec<((String, u64, PathBuf), Arc<ModuleFile>)> = Vec::new();
+        let mut mappings = Vec::with_capacity(entries.len());
+        for e in entries {
+            if e.end <= e.start {
+                continue;
+            }
+            let module = e.path.as_ref().map(|path| {
+                let key = (e.dev.clone(), e.inode, path.clone());
+                if let Some((_, m)) = modules.iter().find(|(k, _)| *k == key) {
+                    return m.clone();
+                }
+                let m = Arc::new(ModuleFile {
+                    path: path.clone(),
+                    deleted: e.deleted,
+                    inode: e.inode,
+                    map_files: pid.map(|p| {
+                        PathBuf::from(format!("/proc/{p}/map_files/{:x}-{:x}", e.start, e.end))
+                    }),
+                    root: pid.map(|p| PathBuf::from(format!("/proc/{p}/root"))),
+                    file: OnceLock::new(),
+                    object: OnceLock::new(),
+                });
+                modules.push((key, m.clone()));
+                m
+            });
+            mappings.push(Mapping {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                executable: e.is_executable(),
+                module,
+            });
+        }
+        mappings.sort_by_key(|m| m.start);
+        ProcessView { pid, mappings }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// Opens every module file now (see [`ModuleFile::pin`]).
+    pub fn pin_all(&self) {
+        for m in self.mappings.iter().filter_map(|m| m.module.as_ref()) {
+            m.pin();
+        }
+    }
+
+    /// The mapping containing `addr`, with the file offset. O(log n).
+    pub fn lookup(&self, addr: u64) -> Option<ModuleAddress<'_>> {
+        let idx = self.mappings.partition_point(|m| m.start <= addr);
+        let mapping = self.mappings[..idx].last()?;
+        (addr < mapping.end).then(|| ModuleAddress {
+            mapping,
+            file_offset: (addr - mapping.start).wrapping_add(mapping.offset),
+        })
+    }
+
+    /// True when `addr` lies in an executable mapping.
+    pub fn is_executable(&self, addr: u64) -> bool {
+        self.lookup(addr).is_some_and(|m| m.mapping.executable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_finds_mapping_and_file_offset() {
+        let view = ProcessView::from_maps_text(
+            "\
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 42 /lib/libx.so
+7f0000000000-7f0000001000 r--p 00000000 fd:01 42 /lib/libx.so
+7f0000003000-7f0000004000 rw-p 00000000 00:00 0
+",
+        );
+        assert_eq!(view.mappings().len(), 3);
+        let a = view.lookup(0x7f0000001234).unwrap();
+        assert_eq!(a.file_offset, 0x1234);
+        assert!(a.mapping.executable);
+        assert_eq!(a.module().unwrap().name(), "libx.so");
+        // Both mappings of the file share one module.
+        let b = view.lookup(0x7f0000000010).unwrap();
+        assert!(Arc::ptr_eq(a.module().unwrap(), b.module().unwrap()));
+        assert!(view.lookup(0x7f0000003010).unwrap().module().is_none());
+        assert!(view.lookup(0x7f0000002000).is_none());
+        assert!(view.lookup(0).is_none());
+        assert!(!view.is_executable(0x7f0000000010));
+    }
+
+    #[test]
+    fn own_process_modules_open_through_map_files() {
+        let view = ProcessView::from_pid(std::process::id()).unwrap();
+        let f = own_process_modules_open_through_map_files as *const () as usize as u64;
+        let m = view.lookup(f).unwrap();
+        assert!(m.mapping.executable);
+        assert!(m.module().unwrap().open().is_some());
+    }
+}
