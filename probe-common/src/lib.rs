@@ -32,6 +32,41 @@ pub mod kind {
     pub const CHUNK: u16 = 6;
 }
 
+/// Registers, a frame-pointer walk and a copy of the user stack, emitted just before the
+/// CALL or CHUNK events of the same call on the same thread (see [`StackEvent`]).
+pub const STACK_KIND: u16 = 7;
+
+/// Bytes of user stack copied from the stack pointer up (fewer near the top of the stack).
+pub const STACK_COPY: usize = 8192;
+/// Return addresses the kernel's frame-pointer walk (`bpf_get_stack`) may record.
+pub const FP_FRAMES: usize = 127;
+
+/// A stack sample. Only the first `STACK_HEADER + stack_len` bytes are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackEvent {
+    pub kind: u16,
+    pub flags: u16,
+    /// Valid entries of `frames`.
+    pub nframes: u16,
+    pub _pad: u16,
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    /// Instruction pointer, stack pointer and frame pointer at the probe.
+    pub ip: u64,
+    pub sp: u64,
+    pub fp: u64,
+    /// Valid bytes of `stack` (a copy of user memory from `sp` on).
+    pub stack_len: u32,
+    pub _pad2: u32,
+    pub frames: [u64; FP_FRAMES + 1],
+    pub stack: [u8; STACK_COPY],
+}
+
+/// Size of a [`StackEvent`] without its stack copy.
+pub const STACK_HEADER: usize = core::mem::size_of::<StackEvent>() - STACK_COPY;
+
 /// Chunks a `BATCH` probe emits at most per call (more elements are counted as dropped).
 pub const MAX_CHUNKS: u32 = 4096;
 
@@ -89,6 +124,9 @@ pub mod spec_flags {
     /// The copied struct describes an array (`count_off`, `array_off`): emit it as CHUNK
     /// events instead of a CALL event (at return when `WANTS_RETURN`, else at entry).
     pub const BATCH: u32 = 1 << 5;
+    /// Stop the process at entry (when `stop_on_discovery`): user space needs it intact, as
+    /// at `exit()` where it snapshots the mappings its stacks are symbolized with.
+    pub const STOP_AT_ENTRY: u32 = 1 << 6;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).
@@ -205,6 +243,8 @@ pub struct TracepointOffsets {
     /// 1: stop a traced process at exec and at the open of an unknown shared object until
     /// user space has attached (launch mode). 0: never signal the target (attach mode).
     pub stop_on_discovery: u32,
+    /// 1: emit a STACK sample with every traced call (`--call-stack=c`).
+    pub capture_stacks: u32,
 }
 
 /// Linux `CLONE_THREAD`.
@@ -216,4 +256,5 @@ mod pod {
     unsafe impl aya::Pod for super::RawEvent {}
     unsafe impl aya::Pod for super::ProbeSpec {}
     unsafe impl aya::Pod for super::TracepointOffsets {}
+    unsafe impl aya::Pod for super::StackEvent {}
 }

@@ -20,7 +20,8 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
         bpf_probe_read_user, bpf_probe_read_user_str_bytes,
         generated::{
-            bpf_get_attach_cookie, bpf_get_smp_processor_id, bpf_loop, bpf_send_signal_thread,
+            bpf_get_attach_cookie, bpf_get_smp_processor_id, bpf_get_stack, bpf_loop,
+            bpf_send_signal_thread,
         },
     },
     macros::{map, tracepoint, uprobe, uretprobe},
@@ -29,7 +30,8 @@ use aya_ebpf::{
 };
 use probe_common::{
     CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2,
-    ProbeSpec, RawEvent, SIGSTOP, TracepointOffsets, counter, event_flags, kind, spec_flags,
+    ProbeSpec, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent,
+    TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -66,7 +68,11 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     openat_filename: 24,
     openat_ret: 16,
     stop_on_discovery: 0,
+    capture_stacks: 0,
 };
+
+#[map]
+static STACK_SCRATCH: PerCpuArray<StackEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Opens of shared objects between syscall entry and exit, keyed by thread id.
 #[map]
@@ -99,6 +105,79 @@ fn current_ids() -> (u32, u32) {
 #[inline(always)]
 fn is_traced(tgid: u32) -> bool {
     unsafe { TRACED.get(&tgid).is_some() }
+}
+
+/// Emits a STACK sample for the current call (`--call-stack=c`): registers, the kernel's
+/// frame-pointer walk, and as much of the user stack above sp as can be read, up to 8 KiB.
+#[inline(always)]
+fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
+    if offsets().capture_stacks == 0 {
+        return;
+    }
+    let Some(st) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let st = unsafe { &mut *st };
+    st.kind = STACK_KIND;
+    st.flags = 0;
+    st.pid = tgid;
+    st.tid = tid;
+    st.ts_ns = ts_ns;
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::pt_regs) };
+        st.ip = regs.rip;
+        st.sp = regs.rsp;
+        st.fp = regs.rbp;
+    }
+    let got = unsafe {
+        bpf_get_stack(
+            ctx,
+            st.frames.as_mut_ptr() as *mut c_void,
+            core::mem::size_of_val(&st.frames) as u32,
+            aya_ebpf::bindings::BPF_F_USER_STACK as u64,
+        )
+    };
+    st.nframes = if got > 0 { (got / 8) as u16 } else { 0 };
+    // A read that crosses the top of the stack fails whole: try smaller copies. Each size is a
+    // constant on its path, which is what the verifier needs for the output length.
+    let sp = st.sp;
+    for size in [
+        STACK_COPY,
+        STACK_COPY / 2,
+        STACK_COPY / 4,
+        STACK_COPY / 8,
+        STACK_COPY / 16,
+    ] {
+        if copy_stack(st, sp, size) {
+            st.stack_len = size as u32;
+            output_stack(st, size);
+            return;
+        }
+    }
+    st.stack_len = 0;
+    output_stack(st, 0);
+}
+
+#[inline(always)]
+fn copy_stack(st: &mut StackEvent, sp: u64, size: usize) -> bool {
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.stack.as_mut_ptr() as *mut c_void,
+            size as u32,
+            sp as *const c_void,
+        ) == 0
+    }
+}
+
+#[inline(always)]
+fn output_stack(st: &StackEvent, size: usize) {
+    let bytes = unsafe {
+        core::slice::from_raw_parts(st as *const StackEvent as *const u8, STACK_HEADER + size)
+    };
+    if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+        bump(counter::RINGBUF_FULL);
+    }
 }
 
 #[inline(always)]
@@ -171,8 +250,16 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
             bump(counter::PENDING_FULL);
         }
     } else if spec.flags & spec_flags::BATCH != 0 {
+        emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
         emit_batch(ev, &spec);
     } else {
+        if spec.flags & spec_flags::STOP_AT_ENTRY != 0 {
+            if offsets().stop_on_discovery != 0 && stop_current_thread() {
+                ev.flags |= event_flags::STOPPED;
+            }
+        } else {
+            emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+        }
         emit(ev);
     }
     Some(())
@@ -419,6 +506,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
         }
     }
+    emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
     if spec.flags & spec_flags::BATCH != 0 {
         emit_batch(ev, &spec);
     } else {

@@ -123,6 +123,8 @@ pub struct Planner {
     pub warnings: Vec<String>,
     pub debug: Vec<String>,
     specs_loaded: bool,
+    /// Attach the `exit()` hold (stacks in launch mode; see `ProbeId::LibcExit`).
+    pub hold_at_exit: bool,
 }
 
 impl Planner {
@@ -137,6 +139,7 @@ impl Planner {
             warnings: Vec::new(),
             debug: Vec::new(),
             specs_loaded: false,
+            hold_at_exit: false,
         }
     }
 
@@ -410,6 +413,9 @@ impl Planner {
             .any(|lib| probes::library_matches(&file_name, lib));
         let mut symbols = Vec::new();
         for p in &PROBES {
+            if p.id == probes::ProbeId::LibcExit && !self.hold_at_exit {
+                continue;
+            }
             let belongs = match p.home {
                 Home::Library(lib) => explicit || probes::library_matches(&file_name, lib),
                 Home::AnyExporter => true,

@@ -54,6 +54,10 @@ pub enum Call {
         name: String,
         handle: u64,
     },
+    /// The process called `exit()`; `stopped`: it waits for SIGCONT.
+    Exiting {
+        stopped: bool,
+    },
     /// `range`: the heap's `mstxMemVirtualRangeDesc_t`, when it could be read.
     HeapRegister {
         domain: u64,
@@ -121,6 +125,8 @@ pub struct CallEvent {
     /// entry of a free (so a free and a racing reuse of the address order correctly).
     pub ts_mono: u64,
     pub call: Call,
+    /// Captured at the function's return (registers and stack are the caller's after it).
+    pub at_return: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -295,6 +301,12 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ts_ns,
         ),
+        ProbeId::LibcExit => (
+            Call::Exiting {
+                stopped: raw.flags & event_flags::STOPPED != 0,
+            },
+            raw.ts_ns,
+        ),
         // Batches arrive as CHUNK events; a CALL record of these is never emitted.
         ProbeId::MstxMemRegionsRegister | ProbeId::MstxMemRegionsUnregister => return None,
     };
@@ -306,6 +318,7 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
         tid: raw.tid,
         ts_mono: if ts == 0 { raw.ts_ns } else { ts },
         call,
+        at_return: id_wants_return(id),
     })
 }
 
@@ -366,6 +379,7 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
         tid: raw.tid,
         ts_mono: if ts == 0 { raw.ts_ns } else { ts },
         call,
+        at_return: id_wants_return(ProbeId::from_raw(raw.probe)?),
     })
 }
 

@@ -19,5 +19,6 @@ pub mod output;
 pub mod pools;
 pub mod probes;
 pub mod session;
+pub mod stacks;
 pub mod tracefs;
 pub mod tracker;

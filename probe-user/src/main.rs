@@ -79,8 +79,8 @@ fn run(opts: Options) -> Result<u8> {
     }
     for (given, what) in [
         (
-            opts.call_stack.c_depth.is_some() || opts.call_stack.python_depth.is_some(),
-            "--call-stack",
+            opts.call_stack.python_depth.is_some(),
+            "--call-stack=python",
         ),
         (opts.watch.is_some(), "--watch"),
         (
@@ -128,8 +128,15 @@ fn run(opts: Options) -> Result<u8> {
     // Launch mode may hold the target at exec and at the open of an unplanned shared object
     // until it has probes; attach mode never signals the target.
     offsets.stop_on_discovery = matches!(opts.mode, Mode::Launch { .. }) as u32;
+    let stack_depth = opts
+        .call_stack
+        .c_depth
+        .filter(|d| *d > 0)
+        .map(|d| d as usize);
+    offsets.capture_stacks = stack_depth.is_some() as u32;
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     let mut planner = Planner::new(opts.libs.clone());
+    planner.hold_at_exit = stack_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
 
     let child = match (&opts.mode, launch) {
         (Mode::Launch { .. }, Some((program, argv))) => {
@@ -188,6 +195,7 @@ fn run(opts: Options) -> Result<u8> {
         },
         leaks: opts.analysis.leaks,
         child,
+        stack_depth,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

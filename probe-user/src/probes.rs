@@ -24,6 +24,7 @@ pub enum ProbeId {
     MstxMemHeapUnregister = 13,
     MstxMemRegionsRegister = 14,
     MstxMemRegionsUnregister = 15,
+    LibcExit = 16,
 }
 
 impl ProbeId {
@@ -99,7 +100,7 @@ pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
 
-pub const PROBES: [ProbeDef; 15] = [
+pub const PROBES: [ProbeDef; 16] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -233,6 +234,15 @@ pub const PROBES: [ProbeDef; 15] = [
             per_chunk: REFS_PER_CHUNK,
             ..spec(sf::DATA_IS_BYTES | sf::BATCH, 1, 16, 0)
         },
+    },
+    // void exit(int): with stacks in launch mode, the process is held here until user space
+    // has snapshotted its mappings (a short-lived process is otherwise gone before its stacks
+    // are symbolized). Attached only when stacks are collected.
+    ProbeDef {
+        id: ProbeId::LibcExit,
+        symbol: "exit",
+        home: Home::Library("libc.so.6"),
+        spec: spec(sf::STOP_AT_ENTRY, 0, 0, 0),
     },
 ];
 

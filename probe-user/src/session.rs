@@ -5,6 +5,7 @@ use std::{
     cmp::{Ordering, Reverse},
     collections::{BinaryHeap, HashMap},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -21,8 +22,10 @@ use crate::{
     bpf::{Bpf, Counters},
     cli::DataFormat,
     decode::{self, Decoded},
+    decode::{Call, CallEvent},
     launch, log,
     output::ProcessOutput,
+    stacks::{self, StackResolver, StackSample},
     tracker::{ProcessState, ProcessStats, TrackOptions},
 };
 
@@ -42,6 +45,8 @@ pub struct SessionConfig {
     pub leaks: bool,
     /// Launch mode: our direct child, whose exit status we return.
     pub child: Option<u32>,
+    /// `--call-stack=c:D`: resolve C stacks up to D frames.
+    pub stack_depth: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +70,8 @@ struct Pending {
     ts: u64,
     seq: u64,
     event: Decoded,
+    /// The stack job of this call, and its text once resolved.
+    stack: Option<(u64, Option<Arc<str>>)>,
 }
 
 impl PartialEq for Pending {
@@ -103,6 +110,8 @@ pub struct Session {
     leaks: Vec<ProcessLeaks>,
     reported: Counters,
     child_status: Option<i32>,
+    stacks: Option<StackResolver>,
+    pending_stacks: HashMap<u32, StackSample>,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -117,6 +126,7 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 impl Session {
     pub fn new(bpf: Bpf, planner: Planner, cfg: SessionConfig) -> Self {
+        let stack_depth = cfg.stack_depth;
         let realtime_offset =
             clock_ns(libc::CLOCK_REALTIME) as i128 - clock_ns(libc::CLOCK_MONOTONIC) as i128;
         Session {
@@ -132,6 +142,8 @@ impl Session {
             leaks: Vec::new(),
             reported: Counters::default(),
             child_status: None,
+            stacks: stack_depth.map(StackResolver::new),
+            pending_stacks: HashMap::new(),
         }
     }
 
@@ -259,6 +271,11 @@ impl Session {
 
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
         while let Some(item) = ring.next() {
+            if let Some(sample) = stacks::sample_from_bytes(&item) {
+                self.events += 1;
+                self.pending_stacks.insert(sample.tid, sample);
+                continue;
+            }
             let Some(raw) = decode::raw_from_bytes(&item) else {
                 continue;
             };
@@ -284,6 +301,9 @@ impl Session {
                     stopped,
                     ..
                 } => {
+                    if let Some(r) = &mut self.stacks {
+                        r.invalidate(*pid);
+                    }
                     let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
                     if *stopped {
                         log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
@@ -297,17 +317,47 @@ impl Session {
                 Decoded::Fork { parent, child, .. } => {
                     log::debug(&format!("pid {parent} started process {child}: traced"));
                 }
+                Decoded::Call(CallEvent {
+                    pid,
+                    call: Call::Exiting { stopped },
+                    ..
+                }) => {
+                    // Held at exit(): the last chance to read its mappings for its stacks.
+                    if let Some(r) = &mut self.stacks {
+                        r.snapshot(*pid);
+                    }
+                    self.resume_if(*stopped, *pid);
+                }
                 Decoded::Call(_) | Decoded::Exit { .. } => {
                     self.seq += 1;
+                    let stack = self.stack_job(&ev);
                     self.reorder.push(Reverse(Pending {
                         ts: ev.ts_mono(),
                         seq: self.seq,
                         event: ev,
+                        stack,
                     }));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Pairs a call with the stack sample BPF sent just before it on the same thread.
+    fn stack_job(&mut self, ev: &Decoded) -> Option<(u64, Option<Arc<str>>)> {
+        let Decoded::Call(call) = ev else { return None };
+        let resolver = self.stacks.as_mut()?;
+        // The chunks of one batch share the sample sent before the first of them.
+        let batch = matches!(
+            call.call,
+            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
+        );
+        let sample = if batch {
+            self.pending_stacks.get(&call.tid).cloned()
+        } else {
+            self.pending_stacks.remove(&call.tid)
+        }?;
+        Some((resolver.submit(sample, call.at_return), None))
     }
 
     /// Applies held events older than the reorder window (all of them when `all`).
@@ -317,7 +367,23 @@ impl Session {
             if !all && top.ts > horizon {
                 break;
             }
+            // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
+            if let Some(mut top) = self.reorder.peek_mut()
+                && let Some((job, text)) = &mut top.0.stack
+                && text.is_none()
+                && let Some(resolver) = &mut self.stacks
+            {
+                *text = if all {
+                    Some(resolver.wait(*job))
+                } else {
+                    resolver.take(*job)
+                };
+                if text.is_none() {
+                    break;
+                }
+            }
             let Reverse(p) = self.reorder.pop().expect("peeked");
+            let c_stack = p.stack.and_then(|(_, text)| text);
             match p.event {
                 Decoded::Call(call) => {
                     let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
@@ -327,7 +393,8 @@ impl Session {
                     for m in traced.state.messages.drain(..) {
                         log::debug(&m);
                     }
-                    for row in rows {
+                    for mut row in rows {
+                        row.c_stack = c_stack.clone();
                         if let Err(e) = traced.out.write(row) {
                             log::error(&format!("{e:#}"));
                         }

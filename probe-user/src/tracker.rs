@@ -182,6 +182,7 @@ impl ProcessState {
                 device,
                 ptr: None,
                 attr: String::new(),
+                c_stack: None,
             };
         match &ev.call {
             Call::HalAlloc {
@@ -353,6 +354,7 @@ impl ProcessState {
                     self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
                 }
             }
+            Call::Exiting { .. } => {}
             Call::RegionsUnregister { domain, refs, .. } => {
                 let before = self.pools.unmatched;
                 for change in self.pools.regions_unregistered(*domain, refs) {
@@ -444,6 +446,7 @@ impl ProcessState {
                 "allocation_id:{},addr:0x{:016x},size:{},used:{},total:{}",
                 b.allocation_id, b.addr, b.size, c.allocated, c.reserved
             ),
+            c_stack: None,
         }
     }
 
@@ -614,6 +617,7 @@ impl ProcessState {
             device: DeviceKey::from_id(b.device),
             ptr: Some(b.addr),
             attr,
+            c_stack: None,
         }
     }
 }
@@ -661,6 +665,7 @@ mod tests {
             tid,
             ts_mono: 0,
             call,
+            at_return: false,
         }
     }
 

@@ -126,6 +126,7 @@ fn sample_rows() -> Vec<Row> {
         device,
         ptr,
         attr: attr.to_string(),
+        c_stack: None,
     };
     vec![
         r(
@@ -855,6 +856,7 @@ fn numbered_row(i: u64) -> Row {
             i + 1,
             0x1000 + i
         ),
+        c_stack: None,
     }
 }
 

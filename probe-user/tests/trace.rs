@@ -246,23 +246,18 @@ fn attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks() {
         .spawn()
         .unwrap();
     wait_for_text(&log, "MALLOC", 10);
-    let tracer = Command::new(TRACER)
-        .args([
-            "--pid",
-            &target.id().to_string(),
-            "-o",
-            out_dir.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Attached once the tracer says so; then let the target go.
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut tracer = Background::spawn(&[
+        "--pid",
+        &target.id().to_string(),
+        "-o",
+        out_dir.to_str().unwrap(),
+    ]);
+    // Let the target go once the probes are in place.
+    tracer.wait_for("attached to pid", 30);
     fs::write(&go, "").unwrap();
     assert!(target.wait().unwrap().success());
-    let out = tracer.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
 
     let gt = parse_log(&log);
     let rows = rows_of(&out_dir, gt.pid);

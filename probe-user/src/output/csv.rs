@@ -29,6 +29,8 @@ pub struct Row {
     pub ptr: Option<u64>,
     /// The inside of the braces, e.g. `allocation_id:1,addr:0x...`; empty for no Attr.
     pub attr: String,
+    /// The `Call Stack(C)` text (docs/call-stacks.md), when stacks are collected.
+    pub c_stack: Option<std::sync::Arc<str>>,
 }
 
 impl Row {
@@ -43,8 +45,12 @@ impl Row {
         } else {
             format!("\"{{{}}}\"", self.attr)
         };
+        let c_stack = match &self.c_stack {
+            Some(st) => format!("\"{}\"", st.replace('"', "\"\"")),
+            None => String::new(),
+        };
         format!(
-            "{id},{},{},{},{},{},{},{},{ptr},{attr},,\n",
+            "{id},{},{},{},{},{},{},{},{ptr},{attr},,{c_stack}\n",
             self.event, self.event_type, self.name, self.ts_ns, self.pid, self.tid, self.device
         )
     }
@@ -278,6 +284,7 @@ mod tests {
             device,
             ptr: Some(0x3039),
             attr: "allocation_id:1,addr:0x0000000000003039,size:10,used:10".into(),
+            c_stack: None,
         }
     }
 

@@ -123,7 +123,7 @@ impl DbWriter {
                 ptr,
                 attr::attr_text_to_json(&row.attr),
                 "",
-                "",
+                row.c_stack.as_deref().unwrap_or(""),
             ])
         });
         self.pending += 1;
@@ -179,6 +179,7 @@ mod tests {
             device: DeviceKey::Npu(0),
             ptr: Some(0x3039),
             attr: "allocation_id:1,addr:0x0000000000003039,size:10".into(),
+            c_stack: None,
         };
         for id in 0..(COMMIT_EVERY_ROWS as u64 + 3) {
             w.insert(id, &row).unwrap();

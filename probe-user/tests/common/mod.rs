@@ -361,3 +361,62 @@ pub fn wait_for_text(path: &Path, needle: &str, secs: u64) -> String {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A tracer started in the background whose stderr is collected while the test goes on.
+pub struct Background {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Background {
+    pub fn spawn(args: &[&str]) -> Background {
+        use std::io::BufRead;
+        let mut child = Command::new(TRACER)
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start memscope-bpf");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Background {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until the tracer printed a line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str, secs: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while !self.seen.iter().any(|l| l.contains(needle)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "tracer never printed {needle:?}; stderr so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the tracer to exit; returns its exit code and its whole stderr.
+    pub fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        while let Ok(l) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (status.code(), self.seen.join("\n"))
+    }
+}

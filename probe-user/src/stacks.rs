@@ -1,0 +1,277 @@
+//! C call stacks (`--call-stack=c[:D]`): samples from BPF (registers, a frame-pointer walk and
+//! a copy of the user stack) are unwound with DWARF CFI and symbolized on a worker thread, so
+//! draining the ring buffer never waits for DWARF parsing. Rows wait in the reorder buffer
+//! until their stack is ready (see `session.rs`).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, mpsc},
+    thread,
+};
+
+use memscope_symbols::{
+    Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions, format_stack,
+    unwind,
+};
+use probe_common::{FP_FRAMES, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent};
+
+/// One stack sample as BPF captured it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackSample {
+    pub pid: u32,
+    pub tid: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub fp: u64,
+    /// The kernel's frame-pointer walk (return addresses, innermost first).
+    pub fp_frames: Vec<u64>,
+    /// User stack bytes from `sp` on.
+    pub stack: Vec<u8>,
+}
+
+/// Parses a STACK record; `None` for anything else or a malformed one.
+pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
+    if bytes.len() < STACK_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != STACK_KIND {
+        return None;
+    }
+    let mut head = [0u8; STACK_HEADER];
+    head.copy_from_slice(&bytes[..STACK_HEADER]);
+    // SAFETY: the header bytes are a prefix of a repr(C) struct of integers; the stack part of
+    // the struct is left zeroed and read from `bytes` below.
+    let ev: StackEvent = unsafe {
+        let mut ev = std::mem::MaybeUninit::<StackEvent>::zeroed();
+        std::ptr::copy_nonoverlapping(head.as_ptr(), ev.as_mut_ptr() as *mut u8, STACK_HEADER);
+        ev.assume_init()
+    };
+    let nframes = (ev.nframes as usize).min(FP_FRAMES + 1);
+    let stack_len = (ev.stack_len as usize)
+        .min(STACK_COPY)
+        .min(bytes.len() - STACK_HEADER);
+    Some(StackSample {
+        pid: ev.pid,
+        tid: ev.tid,
+        ip: ev.ip,
+        sp: ev.sp,
+        fp: ev.fp,
+        fp_frames: ev.frames[..nframes].to_vec(),
+        stack: bytes[STACK_HEADER..STACK_HEADER + stack_len].to_vec(),
+    })
+}
+
+struct Job {
+    id: u64,
+    view: Arc<ProcessView>,
+    sample: StackSample,
+    /// The sample was taken at a function's return: its first pc is a return address too.
+    at_return: bool,
+}
+
+/// Resolves stacks on a worker thread; results come back by job id.
+pub struct StackResolver {
+    jobs: Option<mpsc::Sender<Job>>,
+    results: mpsc::Receiver<(u64, Arc<str>)>,
+    ready: HashMap<u64, Arc<str>>,
+    views: HashMap<u32, Arc<ProcessView>>,
+    next_id: u64,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+impl StackResolver {
+    /// `depth`: most physical frames per stack (`--call-stack=c:D`).
+    pub fn new(depth: usize) -> Self {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let (res_tx, res_rx) = mpsc::channel();
+        let worker = thread::Builder::new()
+            .name("memscope-stacks".into())
+            .spawn(move || {
+                let symbolizer = Symbolizer::new();
+                for job in jobs_rx {
+                    let text = resolve(&symbolizer, &job, depth);
+                    if res_tx.send((job.id, text)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawn the stack worker");
+        StackResolver {
+            jobs: Some(jobs_tx),
+            results: res_rx,
+            ready: HashMap::new(),
+            views: HashMap::new(),
+            next_id: 0,
+            worker: Some(worker),
+        }
+    }
+
+    /// The process's mappings changed (exec, a library opened): snapshot them anew next time.
+    pub fn invalidate(&mut self, pid: u32) {
+        self.views.remove(&pid);
+    }
+
+    /// Snapshots a process's mappings now (it is about to exit; see `ProbeId::LibcExit`).
+    pub fn snapshot(&mut self, pid: u32) {
+        if let Ok(v) = ProcessView::from_pid(pid) {
+            v.pin_all();
+            self.views.insert(pid, Arc::new(v));
+        }
+    }
+
+    /// Queues a sample; returns the id to collect its text with.
+    pub fn submit(&mut self, sample: StackSample, at_return: bool) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let view = match self.views.get(&sample.pid) {
+            Some(v) if v.lookup(sample.ip).is_some() => v.clone(),
+            _ => {
+                // Taken now, while the process is alive; files are opened (pinned) so they stay
+                // readable after it exits or deletes them.
+                let v = Arc::new(
+                    ProcessView::from_pid(sample.pid)
+                        .unwrap_or_else(|_| ProcessView::from_maps_text("")),
+                );
+                v.pin_all();
+                self.views.insert(sample.pid, v.clone());
+                v
+            }
+        };
+        if let Some(tx) = &self.jobs {
+            let _ = tx.send(Job {
+                id,
+                view,
+                sample,
+                at_return,
+            });
+        }
+        id
+    }
+
+    /// The text of a finished job, if it is done (non-blocking).
+    pub fn take(&mut self, id: u64) -> Option<Arc<str>> {
+        while let Ok((done, text)) = self.results.try_recv() {
+            self.ready.insert(done, text);
+        }
+        self.ready.remove(&id)
+    }
+
+    /// The text of a job, waiting for it.
+    pub fn wait(&mut self, id: u64) -> Arc<str> {
+        if let Some(t) = self.take(id) {
+            return t;
+        }
+        while let Ok((done, text)) = self.results.recv() {
+            if done == id {
+                return text;
+            }
+            self.ready.insert(done, text);
+        }
+        Arc::from("[truncated]")
+    }
+}
+
+impl Drop for StackResolver {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn resolve(symbolizer: &Symbolizer, job: &Job, depth: usize) -> Arc<str> {
+    let s = &job.sample;
+    let regs = Regs {
+        pc: s.ip,
+        sp: s.sp,
+        fp: s.fp,
+        lr: None,
+    };
+    let snapshot = StackSnapshot {
+        base: s.sp,
+        data: &s.stack,
+    };
+    let opts = UnwindOptions {
+        max_depth: depth,
+        ..Default::default()
+    };
+    let mut unwound = unwind(&regs, &snapshot, &job.view, symbolizer, &opts);
+    // Where CFI unwinding got nowhere but the kernel's frame-pointer walk has more, use it.
+    if unwound.pcs.len() <= 1 && s.fp_frames.len() > 1 {
+        let mut pcs = s.fp_frames.clone();
+        let truncated = pcs.len() > depth;
+        pcs.truncate(depth);
+        unwound.pcs = pcs;
+        unwound.stop = if truncated {
+            StopReason::DepthLimit
+        } else {
+            StopReason::Complete
+        };
+    }
+    let frames: Vec<Frame> = unwound
+        .pcs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, pc)| symbolizer.symbolize(&job.view, *pc, i > 0 || job.at_return))
+        .collect();
+    Arc::from(format_stack(&frames, unwound.truncated()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_stack_record_and_rejects_others() {
+        let mut ev: StackEvent = unsafe { std::mem::zeroed() };
+        ev.kind = STACK_KIND;
+        ev.pid = 7;
+        ev.tid = 8;
+        ev.ip = 0x1000;
+        ev.sp = 0x7ff0;
+        ev.nframes = 2;
+        ev.frames[0] = 0x1000;
+        ev.frames[1] = 0x2000;
+        ev.stack_len = 16;
+        ev.stack[..16].copy_from_slice(&[1u8; 16]);
+        let all = unsafe {
+            std::slice::from_raw_parts(
+                &ev as *const StackEvent as *const u8,
+                std::mem::size_of::<StackEvent>(),
+            )
+        };
+        let sent = &all[..STACK_HEADER + 16];
+        let s = sample_from_bytes(sent).unwrap();
+        assert_eq!((s.pid, s.tid, s.ip, s.sp), (7, 8, 0x1000, 0x7ff0));
+        assert_eq!(s.fp_frames, [0x1000, 0x2000]);
+        assert_eq!(s.stack, [1u8; 16]);
+        assert!(sample_from_bytes(&sent[..10]).is_none());
+        let mut other = sent.to_vec();
+        other[0] = 1;
+        assert!(sample_from_bytes(&other).is_none());
+    }
+
+    #[test]
+    fn resolves_our_own_stack_through_the_worker() {
+        // A frame-pointer-only sample of this very process: the test function's return path.
+        let pc = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
+        let mut r = StackResolver::new(8);
+        let id = r.submit(
+            StackSample {
+                pid: std::process::id(),
+                tid: 0,
+                ip: pc,
+                sp: 0,
+                fp: 0,
+                fp_frames: vec![],
+                stack: vec![],
+            },
+            false,
+        );
+        let text = r.wait(id);
+        let first = text.lines().next().unwrap();
+        assert!(first.starts_with(&format!("0x{pc:016x} ")), "{text}");
+        assert!(
+            first.contains("resolves_our_own_stack_through_the_worker"),
+            "{text}"
+        );
+    }
+}
