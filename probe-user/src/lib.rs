@@ -14,6 +14,7 @@ pub mod hal;
 pub mod launch;
 pub mod log;
 pub mod output;
+pub mod placement;
 pub mod probes;
 pub mod session;
 pub mod tracefs;
