@@ -31,21 +31,84 @@ pub struct Row {
 }
 
 impl Row {
+    #[cfg(test)]
     fn format(&self, id: u64) -> String {
-        let ptr = match self.ptr {
-            Some(p) => format!("0x{p:016x}"),
-            None => "N/A".to_string(),
-        };
-        let attr = if self.attr.is_empty() {
-            String::new()
-        } else {
-            format!("\"{{{}}}\"", self.attr)
-        };
-        format!(
-            "{id},{},{},{},{},{},{},{},{ptr},{attr},,\n",
-            self.event, self.event_type, self.name, self.ts_ns, self.pid, self.tid, self.device
-        )
+        let mut line = Vec::with_capacity(160);
+        self.format_into(id, &mut line);
+        String::from_utf8(line).expect("rows are UTF-8")
     }
+
+    /// Appends the CSV line for this row (hot path: no allocation, no `fmt` machinery for
+    /// the numbers; `cargo xtask bench` measures it).
+    pub fn format_into(&self, id: u64, out: &mut Vec<u8>) {
+        push_u64(out, id);
+        out.push(b',');
+        out.extend_from_slice(self.event.as_bytes());
+        out.push(b',');
+        out.extend_from_slice(self.event_type.as_bytes());
+        out.push(b',');
+        out.extend_from_slice(self.name.as_bytes());
+        out.push(b',');
+        push_u64(out, self.ts_ns);
+        out.push(b',');
+        push_u64(out, self.pid as u64);
+        out.push(b',');
+        push_u64(out, self.tid as u64);
+        out.push(b',');
+        match self.device {
+            DeviceKey::Npu(n) => push_u64(out, n as u64),
+            DeviceKey::Cpu => out.extend_from_slice(b"cpu"),
+            DeviceKey::NotApplicable => out.extend_from_slice(b"N/A"),
+        }
+        out.push(b',');
+        match self.ptr {
+            Some(p) => push_hex16(out, p),
+            None => out.extend_from_slice(b"N/A"),
+        }
+        out.push(b',');
+        if !self.attr.is_empty() {
+            out.extend_from_slice(b"\"{");
+            out.extend_from_slice(self.attr.as_bytes());
+            out.extend_from_slice(b"}\"");
+        }
+        out.extend_from_slice(b",,\n");
+    }
+}
+
+/// Decimal digits of `v` (two digits per step from a table).
+pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    while v >= 100 {
+        let d = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    }
+    if v >= 10 {
+        let d = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + v as u8;
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// `0x` and 16 lowercase hex digits.
+pub fn push_hex16(out: &mut Vec<u8>, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = *b"0x0000000000000000";
+    for (k, slot) in buf[2..].iter_mut().enumerate() {
+        *slot = HEX[((v >> (60 - 4 * k)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&buf);
 }
 
 /// Quotes a free-text field (an MSTX message) the way msMemScope does, `"..."`, doubling any
@@ -74,6 +137,8 @@ pub struct ProcessOutput {
     na_rows: Vec<(u64, Row)>,
     next_id: u64,
     rows_written: u64,
+    /// Reused line buffer.
+    line: Vec<u8>,
 }
 
 impl ProcessOutput {
@@ -89,6 +154,7 @@ impl ProcessOutput {
             na_rows: Vec::new(),
             next_id: 0,
             rows_written: 0,
+            line: Vec::with_capacity(256),
         }
     }
 
@@ -137,7 +203,9 @@ impl ProcessOutput {
             // Device-less rows seen so far come first, with the ids they were given: they
             // happened before this device's first event, so the file stays in time order.
             for (id, row) in &self.na_rows {
-                out.write_all(row.format(*id).as_bytes())?;
+                self.line.clear();
+                row.format_into(*id, &mut self.line);
+                out.write_all(&self.line)?;
             }
             self.files.insert(device, DeviceFile { path, out });
         }
@@ -150,18 +218,24 @@ impl ProcessOutput {
         self.next_id += 1;
         self.rows_written += 1;
         if row.device == DeviceKey::NotApplicable {
-            let line = row.format(id);
+            self.line.clear();
+            row.format_into(id, &mut self.line);
             for f in self.files.values_mut() {
-                f.out.write_all(line.as_bytes())?;
+                f.out.write_all(&self.line)?;
             }
             self.na_rows.push((id, row));
             return Ok(());
         }
-        let line = row.format(id);
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        row.format_into(id, &mut line);
         let f = self.file_for(row.device)?;
-        f.out
-            .write_all(line.as_bytes())
-            .with_context(|| format!("cannot write {}", f.path.display()))
+        let res = f
+            .out
+            .write_all(&line)
+            .with_context(|| format!("cannot write {}", f.path.display()));
+        self.line = line;
+        res
     }
 
     pub fn flush(&mut self) -> Result<()> {
@@ -183,7 +257,9 @@ impl ProcessOutput {
             let mut out = BufWriter::new(file);
             writeln!(out, "{CSV_HEADER}")?;
             for (id, row) in &self.na_rows {
-                out.write_all(row.format(*id).as_bytes())?;
+                self.line.clear();
+                row.format_into(*id, &mut self.line);
+                out.write_all(&self.line)?;
             }
             self.files
                 .insert(DeviceKey::NotApplicable, DeviceFile { path, out });
@@ -208,6 +284,18 @@ mod tests {
             ptr: Some(0x3039),
             attr: "allocation_id:1,addr:0x0000000000003039,size:10,used:10".into(),
         }
+    }
+
+    #[test]
+    fn integer_formatting() {
+        for v in [0u64, 7, 10, 99, 100, 101, 12345, u32::MAX as u64, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
+        }
+        let mut out = Vec::new();
+        push_hex16(&mut out, 0x12c0_0000_abcd);
+        assert_eq!(out, b"0x000012c00000abcd");
     }
 
     #[test]
