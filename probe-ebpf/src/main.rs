@@ -87,9 +87,29 @@ fn is_traced(tgid: u32) -> bool {
     unsafe { TRACED.get(&tgid).is_some() }
 }
 
+/// `bpf_ringbuf_output` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// Call events wake user space only once this much is waiting (about 700 records); below it
+/// the session's 100 ms tick drains them. A wakeup per event (irq_work + a context switch
+/// for every call) was most of our cost above the empty-program floor.
+const WAKE_AFTER_BYTES: u64 = 256 << 10;
+
 #[inline(always)]
 fn emit(ev: &RawEvent) {
-    if EVENTS.output::<RawEvent>(ev, 0).is_err() {
+    // Process-tree and library events wake user space at once (a library being opened must
+    // get its probes before the target calls into it); calls are batched.
+    let flags = if ev.kind != kind::CALL || EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
+        if ev.kind == kind::CALL {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            0
+        }
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    if EVENTS.output::<RawEvent>(ev, flags).is_err() {
         bump(counter::RINGBUF_FULL);
     }
 }
