@@ -143,7 +143,7 @@ fn main() -> anyhow::Result<()> {
             ];
             raw.deref = addr;
             // every leak_every-th block is never freed
-            if args.leak_every == 0 || allocs % args.leak_every != 0 {
+            if args.leak_every == 0 || !allocs.is_multiple_of(args.leak_every) {
                 q.push_back(addr);
             }
         }
