@@ -5,7 +5,7 @@
 //! others it *single-steps out of line* (copy to the XOL page, a second trap after it). On this
 //! project's reference machine (kernel 6.18, x86-64; `cargo xtask bench`, section "uprobe cost
 //! by first instruction", numbers in `docs/benchmarks.md`) that is the difference between
-//! ~2 µs and ~20-30 µs per hit. glibc `free` and our simulated `halMemFree` start with
+//! ~0.5-2 µs and ~7-25 µs per hit. glibc `free` and our simulated `halMemFree` start with
 //! `test %rdi,%rdi` (a NULL check), which is single-stepped; the `je` right after it is
 //! emulated.
 //!
@@ -157,13 +157,17 @@ pub mod x86_64 {
     //! uprobe on its first instruction; `cargo xtask bench`, table "uprobe cost by first
     //! instruction" in docs/benchmarks.md):
     //!
-    //! | emulated in the trap (~1-3 µs)       | single-stepped out of line (~20-30 µs)       |
+    //! | emulated in the trap (~0.5-2 µs)     | single-stepped out of line (~7-25 µs)        |
     //! |--------------------------------------|----------------------------------------------|
-    //! | `nop` (0x90, also `66 90`)           | `endbr64`, `test`, `cmp`, `xor`, `mov` (all  |
-    //! | `push %reg` (50+r, `41 50+r`)        | forms), `lea` (incl. rip-relative), `sub     |
-    //! | `jcc` rel8/rel32, `jmp` rel, `call`  | $imm,%rsp`, `ret`, multi-byte `nopl` other   |
-    //! | rel32; 5-byte `nopl 0(%rax,%rax)` is | than the 5-byte one                          |
-    //! | even cheaper (6.18 optimizes it)     |                                              |
+    //! | `nop` (0x90, also `66 90`), `nopl`   | `endbr64`, `test`, `cmp`, `xor`, `mov` (all  |
+    //! | (0f 1f /0, 3-5 bytes; the 5-byte one | forms), `lea` (incl. rip-relative), `sub     |
+    //! | is further optimized by 6.18),       | $imm,%rsp`, `push $imm`, `ret`               |
+    //! | `push %reg` (50+r, `41 50+r`),       |                                              |
+    //! | `jcc` rel8/rel32, `jmp` rel, `call`  |                                              |
+    //! | rel32                                |                                              |
+    //!
+    //! (The spread comes from the VM: an idle run gave ~0.55 µs against ~7-10 µs, a run
+    //! beside a compile ~2 µs against ~20-30 µs.)
     //!
     //! Refused outright (the probe is never installed; the kernel says nothing at attach):
     //! `lock` and es/cs/ss/ds segment prefixes, `int3`/`int`, `hlt`, `in`/`out`, `cli`/`sti`,
@@ -204,8 +208,9 @@ pub mod x86_64 {
             Code::Nopd | Code::Nopw | Code::Nopq => plain,
             // push %reg: 50+r, and 41 50+r for r8-r15 (a 66 prefix, push %r16, is not).
             Code::Push_r64 => plain,
-            // nopl 0x0(%rax,%rax,1): 6.18 optimizes uprobes on it (the USDT nop).
-            Code::Nop_rm32 if insn.len() == 5 => plain,
+            // Multi-byte nopl (0f 1f /0): emulated like 0x90 (measured for 3, 4 and 5
+            // bytes; the 5-byte USDT nop is further optimized by 6.18).
+            Code::Nop_rm16 | Code::Nop_rm32 | Code::Nop_rm64 => plain,
             _ => {
                 (insn.is_jcc_short_or_near() || insn.is_jmp_short_or_near() || insn.is_call_near())
                     && plain
@@ -481,6 +486,7 @@ mod tests {
             &[0x41, 0x57, 0x41, 0x5f, 0xc3][..], // push %r15
             &[0x55, 0x5d, 0xc3],                 // push %rbp
             &[0x90, 0xc3],                       // nop
+            &[0x0f, 0x1f, 0x40, 0x00, 0xc3],     // nopl 0(%rax)
             &[0xe9, 0x00, 0x00, 0x00, 0x00],     // jmp
         ] {
             let p = x86(code);
