@@ -175,14 +175,35 @@ fn output_stack(st: &StackEvent, size: usize) {
     let bytes = unsafe {
         core::slice::from_raw_parts(st as *const StackEvent as *const u8, STACK_HEADER + size)
     };
-    if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+    // The call event that follows decides whether to wake user space.
+    if EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
         bump(counter::RINGBUF_FULL);
     }
 }
+/// `bpf_ringbuf_output` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// Call events wake user space only once this much is waiting (about 700 records); below it
+/// the session's 100 ms tick drains them. A wakeup per event (irq_work + a context switch
+/// for every call) was most of our cost above the empty-program floor.
+const WAKE_AFTER_BYTES: u64 = 256 << 10;
 
 #[inline(always)]
 fn emit(ev: &RawEvent) {
-    if EVENTS.output::<RawEvent>(ev, 0).is_err() {
+    // Process-tree and library events, and anything that stopped the process, wake user
+    // space at once (a library being opened must get its probes before the target calls
+    // into it; a stopped process waits for us); calls and batch chunks are batched.
+    let batched =
+        (ev.kind == kind::CALL || ev.kind == kind::CHUNK) && ev.flags & event_flags::STOPPED == 0;
+    let flags = if !batched {
+        0
+    } else if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    if EVENTS.output::<RawEvent>(ev, flags).is_err() {
         bump(counter::RINGBUF_FULL);
     }
 }

@@ -22,6 +22,7 @@ use memscope_symbols::{ElfObject, read_maps};
 
 use crate::{
     bpf::Bpf,
+    placement,
     probes::{self, Home, KNOWN_LIBRARIES, PROBES},
 };
 
@@ -426,19 +427,25 @@ impl Planner {
             let Some(sym) = obj.function(p.symbol) else {
                 continue;
             };
-            match bpf.attach_uprobe(host, sym.file_offset, p.id as u16, p.wants_return()) {
+            // Entry and return probe share one point past a single-stepped prologue when that
+            // is safe (placement.rs); the stack pointer is unchanged there, so the uretprobe
+            // still finds the return address at [rsp].
+            let place = placement::choose(host, sym.file_offset, sym.size);
+            let offset = sym.file_offset + place.offset;
+            match bpf.attach_uprobe(host, offset, p.id as u16, p.wants_return()) {
                 Ok(()) => {
                     symbols.push(p.symbol);
                     self.debug.push(format!(
-                        "probe {} at {}+{:#x}{}",
+                        "probe {} at {}+{:#x}{} ({})",
                         p.symbol,
                         shown.display(),
-                        sym.file_offset,
+                        offset,
                         if p.wants_return() {
                             " (entry and return)"
                         } else {
                             ""
-                        }
+                        },
+                        place.describe()
                     ));
                 }
                 Err(e) => self.warnings.push(format!("{e:#}")),

@@ -16,6 +16,7 @@ pub mod launch;
 pub mod log;
 pub mod offline;
 pub mod output;
+pub mod placement;
 pub mod pools;
 pub mod probes;
 pub mod session;

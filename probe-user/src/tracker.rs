@@ -73,12 +73,35 @@ pub struct ProcessStats {
     pub pool_unmatched: u64,
 }
 
+/// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
+/// traced process, not from an adversary; the user-space throughput bench measures it).
+type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
+
+#[derive(Default)]
+pub struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // Fold the high bits down so hashbrown's top-7-bit tags and low-bit buckets both vary.
+        let h = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+
 /// State of one traced process.
 #[derive(Debug, Default)]
 pub struct ProcessState {
     pub pid: u32,
-    live: HashMap<u64, Block>,
-    live_handles: HashMap<u64, Block>,
+    live: HashMap<u64, Block, AddrHash>,
+    live_handles: HashMap<u64, Block, AddrHash>,
     used: HashMap<u32, u64>,
     next_allocation_id: u64,
     step: u32,
@@ -584,29 +607,40 @@ impl ProcessState {
         is_malloc: bool,
     ) -> Row {
         let used = self.used.get(&b.device).copied().unwrap_or(0);
-        let mut attr = format!(
-            "allocation_id:{},addr:0x{:016x},size:{}",
-            b.allocation_id, b.addr, b.size
-        );
+        // Hot path (every MALLOC/FREE row): one allocation, no `format!` temporaries.
+        use crate::output::csv::{push_hex16, push_u64};
+        let mut attr = Vec::with_capacity(128);
+        attr.extend_from_slice(b"allocation_id:");
+        push_u64(&mut attr, b.allocation_id);
+        attr.extend_from_slice(b",addr:");
+        push_hex16(&mut attr, b.addr);
+        attr.extend_from_slice(b",size:");
+        push_u64(&mut attr, b.size);
         match b.kind {
-            BlockKind::PinnedHost => attr.push_str(&format!(",pinned:true,used:{used}")),
+            BlockKind::PinnedHost => {
+                attr.extend_from_slice(b",pinned:true,used:");
+                push_u64(&mut attr, used);
+            }
             // Pool rows are built by `pool_row`; kept total for exhaustiveness.
-            BlockKind::Pool(_) => attr.push_str(&format!(",used:{used}")),
+            BlockKind::Pool(_) => {
+                attr.extend_from_slice(b",used:");
+                push_u64(&mut attr, used);
+            }
             BlockKind::Device | BlockKind::Handle => {
-                attr.push_str(&format!(",used:{used}"));
+                attr.extend_from_slice(b",used:");
+                push_u64(&mut attr, used);
                 if is_malloc {
-                    let alloc_type = if b.kind == BlockKind::Handle {
-                        "create"
+                    attr.extend_from_slice(b",page_type:");
+                    attr.extend_from_slice(b.page_type.as_str().as_bytes());
+                    attr.extend_from_slice(if b.kind == BlockKind::Handle {
+                        b",alloc_type:create"
                     } else {
-                        "alloc"
-                    };
-                    attr.push_str(&format!(
-                        ",page_type:{},alloc_type:{alloc_type}",
-                        b.page_type.as_str()
-                    ));
+                        b",alloc_type:alloc"
+                    });
                 }
             }
         }
+        let attr = String::from_utf8(attr).expect("ASCII");
         Row {
             event,
             event_type: b.kind.event_type(),

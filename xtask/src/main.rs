@@ -11,6 +11,7 @@
 //! cargo xtask demo
 //! ```
 
+mod bench;
 mod cmd;
 mod demo;
 mod setup;
@@ -37,6 +38,14 @@ Commands:
   demo
         setup, build the tracer (release) and trace tests/fixtures/build/bin/demo_train,
         writing to target/demo; then list the files this run wrote. Needs root.
+  bench [--quick] [--rounds N] [--loss-seconds S] [--events N] [--only SECTIONS]
+        The benchmark suite (root; never part of `test`): uprobe cost per instruction,
+        target overhead side by side (untraced, empty BPF programs, memscope-bpf,
+        bpftrace, LD_PRELOAD), probe placement, no-loss under load, user-space
+        throughput. Writes docs/benchmarks.md and docs/benchmarks/{raw.csv,results.json}
+        (a run with --only writes *-partial files instead).
+        SECTIONS: comma-separated from insn,overhead,placement,loss,replay.
+        --quick: 3 rounds, 10 s loss run, 2 M replayed events.
   help
         This text.
 ";
@@ -68,6 +77,7 @@ fn run(args: &[String]) -> Result<u8> {
             Ok(0)
         }
         "test" => test(&repo, rest),
+        "bench" => bench::run(&repo, bench::parse(rest)?),
         "demo" => {
             if let Some(arg) = rest.first() {
                 bail!("`demo` takes no arguments (got `{arg}`)\n\n{USAGE}");

@@ -36,24 +36,92 @@ pub struct Row {
 impl Row {
     /// The CSV line for this row with ID `id`, newline included.
     pub fn format(&self, id: u64) -> String {
-        let ptr = match self.ptr {
-            Some(p) => format!("0x{p:016x}"),
-            None => "N/A".to_string(),
-        };
-        let attr = if self.attr.is_empty() {
-            String::new()
-        } else {
-            format!("\"{{{}}}\"", self.attr)
-        };
-        let c_stack = match &self.c_stack {
-            Some(st) => format!("\"{}\"", st.replace('"', "\"\"")),
-            None => String::new(),
-        };
-        format!(
-            "{id},{},{},{},{},{},{},{},{ptr},{attr},,{c_stack}\n",
-            self.event, self.event_type, self.name, self.ts_ns, self.pid, self.tid, self.device
-        )
+        let mut line = Vec::with_capacity(160);
+        self.format_into(id, &mut line);
+        String::from_utf8(line).expect("rows are UTF-8")
     }
+
+    /// Appends the CSV line to `out` without temporaries (the hot path of every row).
+    pub fn format_into(&self, id: u64, out: &mut Vec<u8>) {
+        push_u64(out, id);
+        out.push(b',');
+        out.extend_from_slice(self.event.as_bytes());
+        out.push(b',');
+        out.extend_from_slice(self.event_type.as_bytes());
+        out.push(b',');
+        out.extend_from_slice(self.name.as_bytes());
+        out.push(b',');
+        push_u64(out, self.ts_ns);
+        out.push(b',');
+        push_u64(out, self.pid as u64);
+        out.push(b',');
+        push_u64(out, self.tid as u64);
+        out.push(b',');
+        match self.device {
+            DeviceKey::Npu(n) => push_u64(out, n as u64),
+            DeviceKey::Cpu => out.extend_from_slice(b"cpu"),
+            DeviceKey::NotApplicable => out.extend_from_slice(b"N/A"),
+        }
+        out.push(b',');
+        match self.ptr {
+            Some(p) => push_hex16(out, p),
+            None => out.extend_from_slice(b"N/A"),
+        }
+        out.push(b',');
+        if !self.attr.is_empty() {
+            out.extend_from_slice(b"\"{");
+            out.extend_from_slice(self.attr.as_bytes());
+            out.extend_from_slice(b"}\"");
+        }
+        out.extend_from_slice(b",,");
+        if let Some(st) = &self.c_stack {
+            out.push(b'"');
+            for part in st.split('"').enumerate() {
+                if part.0 > 0 {
+                    out.extend_from_slice(b"\"\"");
+                }
+                out.extend_from_slice(part.1.as_bytes());
+            }
+            out.push(b'"');
+        }
+        out.push(b'\n');
+    }
+}
+
+/// Decimal digits of `v` (two digits per step from a table).
+pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    while v >= 100 {
+        let d = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    }
+    if v >= 10 {
+        let d = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + v as u8;
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// `0x` and 16 lowercase hex digits.
+pub fn push_hex16(out: &mut Vec<u8>, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = *b"0x0000000000000000";
+    for (k, slot) in buf[2..].iter_mut().enumerate() {
+        *slot = HEX[((v >> (60 - 4 * k)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&buf);
 }
 
 /// Quotes a free-text field (an MSTX message) the way msMemScope does, `"..."`, doubling any
@@ -72,10 +140,20 @@ enum Sink {
     Db(DbWriter),
 }
 
+thread_local! {
+    /// The line being formatted, reused so writing a row allocates nothing.
+    static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(256));
+}
+
 impl Sink {
     fn write(&mut self, id: u64, row: &Row) -> Result<()> {
         match self {
-            Sink::Csv(out) => Ok(out.write_all(row.format(id).as_bytes())?),
+            Sink::Csv(out) => LINE.with(|line| {
+                let mut line = line.borrow_mut();
+                line.clear();
+                row.format_into(id, &mut line);
+                Ok(out.write_all(&line)?)
+            }),
             Sink::Db(db) => db.insert(id, row),
         }
     }

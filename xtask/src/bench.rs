@@ -1,0 +1,1061 @@
+//! `cargo xtask bench`: the benchmark suite, side by side, several rounds each. Writes
+//! `docs/benchmarks.md` (tables: median and spread, machine, kernel, date) and the raw
+//! numbers (`docs/benchmarks/raw.csv`, `docs/benchmarks/results.json`).
+//!
+//! Sections (each can be picked with `--only NAME`):
+//! * `insn`: uprobe cost by the probed function's first instruction (tracefs uprobe events
+//!   on `tests/fixtures/bench/uprobe_insns.S`): which instructions the kernel emulates,
+//!   single-steps or refuses. placement.rs cites this table.
+//! * `overhead`: `bench_loop` (tight loop, and with host work between calls) (a) untraced,
+//!   (b) under empty BPF programs at the same points (the kernel's floor), (c) under
+//!   memscope-bpf, (d) under an equivalent bpftrace script, (e) under an LD_PRELOAD
+//!   interposer; plus (b) and (c) with naive entry placement.
+//! * `placement`: `halMemFree` (first instruction `test`, not emulated) in a loop, naive
+//!   entry placement against the placement rule, and the events recorded under both.
+//! * `loss`: the tight loop with 4 threads for 60 s under memscope-bpf at the default ring size.
+//! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
+//!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
+//!
+//! Nothing here runs in CI or asserts times.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cmd, setup};
+
+const TAG: &str = "[bench]";
+const SECTIONS: [&str; 5] = ["insn", "overhead", "placement", "loss", "replay"];
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub quick: bool,
+    pub rounds: usize,
+    pub loss_seconds: u64,
+    pub events: u64,
+    pub only: Vec<String>,
+    /// Write docs/benchmarks.md even for a partial run (`--only`): off by default.
+    pub write_docs: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            quick: false,
+            rounds: 5,
+            loss_seconds: 60,
+            events: 10_000_000,
+            only: Vec::new(),
+            write_docs: true,
+        }
+    }
+}
+
+pub fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> Result<String> {
+            it.next()
+                .cloned()
+                .with_context(|| format!("{name} needs a value"))
+        };
+        match a.as_str() {
+            "--quick" => {
+                o.quick = true;
+                o.rounds = 3;
+                o.loss_seconds = 10;
+                o.events = 2_000_000;
+            }
+            "--rounds" => o.rounds = value("--rounds")?.parse().context("--rounds N")?,
+            "--loss-seconds" => {
+                o.loss_seconds = value("--loss-seconds")?
+                    .parse()
+                    .context("--loss-seconds S")?
+            }
+            "--events" => o.events = value("--events")?.parse().context("--events N")?,
+            "--only" => {
+                for s in value("--only")?.split(',') {
+                    if !SECTIONS.contains(&s) {
+                        bail!("unknown section `{s}` (sections: {})", SECTIONS.join(", "));
+                    }
+                    o.only.push(s.to_string());
+                }
+            }
+            other => bail!("unknown option for `bench`: `{other}`"),
+        }
+    }
+    o.rounds = o.rounds.max(1);
+    if !o.only.is_empty() {
+        o.write_docs = false;
+    }
+    Ok(o)
+}
+
+/// One measured number.
+#[derive(Clone, Debug)]
+struct Sample {
+    section: &'static str,
+    workload: String,
+    config: String,
+    round: usize,
+    metric: &'static str,
+    value: f64,
+}
+
+struct Bench {
+    repo: PathBuf,
+    opts: Options,
+    tracer: PathBuf,
+    bin: PathBuf,
+    lib: PathBuf,
+    scratch: PathBuf,
+    samples: Vec<Sample>,
+    notes: Vec<String>,
+    md: String,
+}
+
+pub fn run(repo: &Path, opts: Options) -> Result<u8> {
+    if crate::effective_uid() != Some(0) {
+        eprintln!("{TAG} the benchmarks attach uprobes and BPF programs: run as root");
+        return Ok(1);
+    }
+    let ready = setup::run(repo, &setup::Options::default())?;
+    let mut make = Command::new("make");
+    make.args(["-C", "tests/fixtures", "all", "bench"])
+        .current_dir(repo);
+    cmd::output(&mut make)?;
+    let mut build = crate::cargo(repo, &ready);
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "memscope-bpf",
+        "--bin",
+        "memscope-bpf",
+        "--example",
+        "replay",
+    ]);
+    println!("{TAG} + {}", cmd::describe(&build));
+    let status = cmd::interactive(&mut build)?;
+    if !status.success() {
+        cmd::report_failure("bench", &build, status);
+        return Ok(cmd::exit_code(status));
+    }
+    let target = match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => repo.join(d),
+        None => repo.join("target"),
+    };
+    let scratch = target.join("bench");
+    fs::create_dir_all(&scratch)?;
+    let mut b = Bench {
+        repo: repo.to_path_buf(),
+        tracer: target.join("release/memscope-bpf"),
+        bin: repo.join("tests/fixtures/build/bin"),
+        lib: repo.join("tests/fixtures/build/lib"),
+        scratch,
+        opts,
+        samples: Vec::new(),
+        notes: Vec::new(),
+        md: String::new(),
+    };
+    let started = Instant::now();
+    let want = |s: &str| b.opts.only.is_empty() || b.opts.only.iter().any(|o| o == s);
+    let (w_insn, w_over, w_place, w_loss, w_replay) = (
+        want("insn"),
+        want("overhead"),
+        want("placement"),
+        want("loss"),
+        want("replay"),
+    );
+    if w_insn {
+        b.insn()?;
+    }
+    if w_over {
+        b.overhead()?;
+    }
+    if w_place {
+        b.placement()?;
+    }
+    if w_loss {
+        b.loss()?;
+    }
+    if w_replay {
+        b.replay(&target)?;
+    }
+    b.write(started.elapsed().as_secs_f64())?;
+    Ok(0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn spread(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+/// `key=value` from a `RESULT ...` line.
+fn result_field(stdout: &str, key: &str) -> Option<f64> {
+    let line = stdout.lines().find(|l| l.starts_with("RESULT "))?;
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+fn fmt_ns(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// The ways a workload can be run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Config {
+    Untraced,
+    Floor,
+    Memscope,
+    FloorEntry,
+    MemscopeEntry,
+    Bpftrace,
+    Preload,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Untraced => "(a) untraced",
+            Config::Floor => "(b) empty BPF programs (floor)",
+            Config::Memscope => "(c) memscope-bpf",
+            Config::FloorEntry => "(b') floor, naive entry placement",
+            Config::MemscopeEntry => "(c') memscope-bpf, naive entry placement",
+            Config::Bpftrace => "(d) bpftrace",
+            Config::Preload => "(e) LD_PRELOAD interposer",
+        }
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Config::Untraced => "untraced",
+            Config::Floor => "floor",
+            Config::Memscope => "memscope",
+            Config::FloorEntry => "floor_entry",
+            Config::MemscopeEntry => "memscope_entry",
+            Config::Bpftrace => "bpftrace",
+            Config::Preload => "preload",
+        }
+    }
+}
+
+struct RunOut {
+    stdout: String,
+    stderr: String,
+}
+
+impl Bench {
+    fn sample(
+        &mut self,
+        section: &'static str,
+        workload: &str,
+        config: &str,
+        round: usize,
+        metric: &'static str,
+        value: f64,
+    ) {
+        self.samples.push(Sample {
+            section,
+            workload: workload.into(),
+            config: config.into(),
+            round,
+            metric,
+            value,
+        });
+    }
+
+    fn values(&self, section: &str, workload: &str, config: &str, metric: &str) -> Vec<f64> {
+        self.samples
+            .iter()
+            .filter(|s| {
+                s.section == section
+                    && s.workload == workload
+                    && s.config == config
+                    && s.metric == metric
+            })
+            .map(|s| s.value)
+            .collect()
+    }
+
+    fn exec(&self, mut c: Command) -> Result<RunOut> {
+        let out = c
+            .current_dir(&self.repo)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", cmd::describe(&c)))?;
+        let r = RunOut {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        if !out.status.success() {
+            bail!(
+                "`{}` failed ({}):\n{}\n{}",
+                cmd::describe(&c),
+                out.status,
+                r.stdout,
+                r.stderr
+            );
+        }
+        Ok(r)
+    }
+
+    fn bpftrace_script(&self) -> String {
+        let lib = self.lib.join("libascend_hal.so");
+        let l = lib.display();
+        // The same events memscope-bpf records: halMemAlloc's out-pointer read at return,
+        // halMemFree's result, timestamps, pid/tid, one line per completed call.
+        format!(
+            "uprobe:{l}:halMemAlloc /pid == cpid/ {{ @pp[tid] = arg0; @sz[tid] = arg1; @fl[tid] = arg2; @t0[tid] = nsecs; }}\n\
+             uretprobe:{l}:halMemAlloc /pid == cpid/ {{ printf(\"MALLOC %d %d 0x%lx %lu 0x%lx %d %lu %lu\\n\", pid, tid, *(uint64 *)uptr(@pp[tid]), @sz[tid], @fl[tid], retval, @t0[tid], nsecs); }}\n\
+             uprobe:{l}:halMemFree /pid == cpid/ {{ @fp[tid] = arg0; @f0[tid] = nsecs; }}\n\
+             uretprobe:{l}:halMemFree /pid == cpid/ {{ printf(\"FREE %d %d 0x%lx %d %lu %lu\\n\", pid, tid, @fp[tid], retval, @f0[tid], nsecs); }}\n"
+        )
+    }
+
+    /// Runs `bench_loop ARGS` under `config`; returns (stdout, stderr).
+    fn run_workload(&self, config: Config, args: &[String]) -> Result<RunOut> {
+        let workload = self.bin.join("bench_loop");
+        let out_dir = self.scratch.join("trace-out");
+        let _ = fs::remove_dir_all(&out_dir);
+        let c = match config {
+            Config::Untraced => {
+                let mut c = Command::new(&workload);
+                c.args(args);
+                c
+            }
+            Config::Preload => {
+                let mut c = Command::new(&workload);
+                c.args(args)
+                    .env("LD_PRELOAD", self.lib.join("bench/libbench_preload.so"));
+                c
+            }
+            Config::Bpftrace => {
+                let script = self.scratch.join("bench.bt");
+                fs::write(&script, self.bpftrace_script())?;
+                let mut line = workload.display().to_string();
+                for a in args {
+                    line.push(' ');
+                    line.push_str(a);
+                }
+                let mut c = Command::new("bpftrace");
+                c.arg("-o")
+                    .arg(self.scratch.join("bpftrace.out"))
+                    .arg(&script)
+                    .arg("-c")
+                    .arg(line);
+                c
+            }
+            Config::Floor | Config::Memscope | Config::FloorEntry | Config::MemscopeEntry => {
+                let mut c = Command::new(&self.tracer);
+                c.arg(format!("--output={}", out_dir.display()))
+                    .arg("--")
+                    .arg(&workload)
+                    .args(args);
+                if matches!(config, Config::Floor | Config::FloorEntry) {
+                    c.env("MEMSCOPE_BPF_NOOP_PROGRAMS", "1");
+                }
+                if matches!(config, Config::FloorEntry | Config::MemscopeEntry) {
+                    c.env("MEMSCOPE_BPF_PLACEMENT", "entry");
+                }
+                c
+            }
+        };
+        self.exec(c)
+    }
+
+    fn have_bpftrace(&self) -> bool {
+        cmd::probe(Command::new("bpftrace").arg("--version")).is_some()
+    }
+
+    fn insn(&mut self) -> Result<()> {
+        println!("{TAG} uprobe cost by first instruction");
+        let tracing = Path::new("/sys/kernel/tracing");
+        if !tracing.join("uprobe_events").exists() {
+            let _ = Command::new("mount")
+                .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+                .status();
+        }
+        let exe = self.bin.join("insn_cost");
+        let names = cmd::output(Command::new(&exe).arg("--list"))?;
+        let nm = cmd::output(Command::new("nm").arg(&exe))?;
+        let iters = if self.opts.quick { "5000" } else { "20000" };
+        let rounds = self.opts.rounds.min(3);
+        let _ = fs::write(tracing.join("tracing_on"), "0");
+        let mut rows = Vec::new();
+        for name in names.lines() {
+            let Some(addr) = nm
+                .lines()
+                .find(|l| l.split_whitespace().nth(2) == Some(name))
+                .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+            else {
+                continue;
+            };
+            // PIE with the text segment mapped at its file offset (checked by the Makefile's
+            // plain link): the symbol value is the file offset.
+            let event = format!("msbench_{name}");
+            let def = format!("p:msbench/{event} {}:{addr:#x}\n", exe.display());
+            let run = |probe: bool| -> Result<f64> {
+                if probe {
+                    fs::OpenOptions::new()
+                        .append(true)
+                        .open(tracing.join("uprobe_events"))
+                        .and_then(|mut f| std::io::Write::write_all(&mut f, def.as_bytes()))
+                        .context("defining a tracefs uprobe")?;
+                    fs::write(tracing.join(format!("events/msbench/{event}/enable")), "1")?;
+                }
+                let out = cmd::output(Command::new(&exe).args([name, iters]));
+                if probe {
+                    let _ = fs::write(tracing.join(format!("events/msbench/{event}/enable")), "0");
+                    let _ = fs::OpenOptions::new()
+                        .append(true)
+                        .open(tracing.join("uprobe_events"))
+                        .and_then(|mut f| {
+                            std::io::Write::write_all(
+                                &mut f,
+                                format!("-:msbench/{event}\n").as_bytes(),
+                            )
+                        });
+                }
+                Ok(out?.trim().parse()?)
+            };
+            for round in 0..rounds {
+                let base = run(false)?;
+                let probed = run(true)?;
+                self.sample("insn", name, "untraced", round, "ns_per_call", base);
+                self.sample("insn", name, "uprobe", round, "ns_per_call", probed);
+                self.sample("insn", name, "uprobe", round, "cost_ns", probed - base);
+            }
+            rows.push(name.to_string());
+        }
+        let nop = median(&self.values("insn", "ins_nop", "uprobe", "cost_ns"));
+        let mut md = String::new();
+        writeln!(
+            md,
+            "## Uprobe cost by the probed function's first instruction\n"
+        )?;
+        writeln!(
+            md,
+            "`tests/fixtures/bench/uprobe_insns.S`: one function per instruction form, called \
+             {iters} times in a loop, untraced and with a tracefs uprobe on its first instruction \
+             ({rounds} rounds, median). Class: *refused* when the probe never traps (the kernel \
+             declined to install it), *emulated* when the cost is under 3x that of `nop` (run \
+             in the trap handler), else *single-stepped* (executed out of line, second trap).\n"
+        )?;
+        writeln!(
+            md,
+            "| function | first instruction | untraced ns/call | uprobe ns/call | uprobe cost ns (min-max) | class |"
+        )?;
+        writeln!(md, "|---|---|---:|---:|---:|---|")?;
+        for name in &rows {
+            let base = median(&self.values("insn", name, "untraced", "ns_per_call"));
+            let probed = median(&self.values("insn", name, "uprobe", "ns_per_call"));
+            let costs = self.values("insn", name, "uprobe", "cost_ns");
+            let cost = median(&costs);
+            let (lo, hi) = spread(&costs);
+            let class = if cost < 200.0 {
+                "refused"
+            } else if cost < 3.0 * nop {
+                "emulated"
+            } else {
+                "single-stepped"
+            };
+            writeln!(
+                md,
+                "| `{name}` | {} | {} | {} | {} ({}-{}) | {class} |",
+                insn_text(name),
+                fmt_ns(base),
+                fmt_ns(probed),
+                fmt_ns(cost),
+                fmt_ns(lo),
+                fmt_ns(hi)
+            )?;
+        }
+        self.md.push_str(&md);
+        self.md.push('\n');
+        Ok(())
+    }
+
+    fn overhead(&mut self) -> Result<()> {
+        println!("{TAG} target overhead");
+        let bpftrace = self.have_bpftrace();
+        if !bpftrace {
+            self.notes.push(
+                "(d) bpftrace skipped: `bpftrace` is not installed (apt-get install -y bpftrace)"
+                    .into(),
+            );
+        }
+        let (tight_iters, work_iters) = if self.opts.quick {
+            (5_000, 3_000)
+        } else {
+            (30_000, 15_000)
+        };
+        let workloads: Vec<(&str, Vec<String>)> = vec![
+            (
+                "tight",
+                vec![
+                    "--mode".into(),
+                    "hal".into(),
+                    "--iters".into(),
+                    tight_iters.to_string(),
+                ],
+            ),
+            (
+                "work",
+                vec![
+                    "--mode".into(),
+                    "hal".into(),
+                    "--iters".into(),
+                    work_iters.to_string(),
+                    "--work".into(),
+                    "2".into(),
+                ],
+            ),
+        ];
+        let mut configs = vec![
+            Config::Untraced,
+            Config::Floor,
+            Config::Memscope,
+            Config::FloorEntry,
+            Config::MemscopeEntry,
+            Config::Preload,
+        ];
+        if bpftrace {
+            configs.insert(5, Config::Bpftrace);
+        }
+        for round in 0..self.opts.rounds {
+            for (w, args) in &workloads {
+                // Side by side: every configuration once per round, in turn.
+                for &c in &configs {
+                    let out = self.run_workload(c, args)?;
+                    let ns = result_field(&out.stdout, "ns_per_call").with_context(|| {
+                        format!("no RESULT from {w} under {}:\n{}", c.key(), out.stderr)
+                    })?;
+                    println!(
+                        "{TAG}   round {round} {w:6} {:40} {ns:>9.1} ns/call",
+                        c.name()
+                    );
+                    self.sample("overhead", w, c.key(), round, "ns_per_call", ns);
+                }
+            }
+        }
+        let mut md = String::new();
+        writeln!(md, "## Target overhead\n")?;
+        writeln!(
+            md,
+            "`bench_loop --mode hal`: `halMemAlloc` (4 KiB, device 0) + `halMemFree` per \
+             iteration, each a traced call with entry and return probes; *tight*: \
+             {tight_iters} iterations back to back; *work*: {work_iters} iterations with \
+             host work (2 passes over a 4 KiB buffer) after each call. One thread; ns per \
+             traced call = loop wall time / calls; overhead = minus (a). {} rounds, configurations \
+             interleaved; median (min-max).\n",
+            self.opts.rounds
+        )?;
+        for (w, _) in &workloads {
+            let base = median(&self.values("overhead", w, "untraced", "ns_per_call"));
+            writeln!(md, "### {w}\n")?;
+            writeln!(
+                md,
+                "| configuration | ns per traced call (min-max) | overhead ns/call | overhead / floor's |"
+            )?;
+            writeln!(md, "|---|---:|---:|---:|")?;
+            let floor = median(&self.values("overhead", w, "floor", "ns_per_call")) - base;
+            for &c in &configs {
+                let v = self.values("overhead", w, c.key(), "ns_per_call");
+                let m = median(&v);
+                let (lo, hi) = spread(&v);
+                let over = m - base;
+                writeln!(
+                    md,
+                    "| {} | {} ({}-{}) | {} | {} |",
+                    c.name(),
+                    fmt_ns(m),
+                    fmt_ns(lo),
+                    fmt_ns(hi),
+                    if c == Config::Untraced {
+                        "-".into()
+                    } else {
+                        fmt_ns(over)
+                    },
+                    if c == Config::Untraced {
+                        "-".into()
+                    } else {
+                        format!("{:.2}", over / floor)
+                    }
+                )?;
+            }
+            let mem = median(&self.values("overhead", w, "memscope", "ns_per_call"));
+            let flo = median(&self.values("overhead", w, "floor", "ns_per_call"));
+            writeln!(
+                md,
+                "\n(c)/(b): {:.3} on ns per call, {:.3} on overhead (goal ≤ 1.10).{}\n",
+                mem / flo,
+                (mem - base) / (flo - base),
+                if bpftrace {
+                    let bt = median(&self.values("overhead", w, "bpftrace", "ns_per_call"));
+                    format!(
+                        " (c) vs (d) bpftrace: {:.2}x the speed (goal: (c) no slower).",
+                        bt / mem
+                    )
+                } else {
+                    String::new()
+                }
+            )?;
+        }
+        self.md.push_str(&md);
+        Ok(())
+    }
+
+    fn placement(&mut self) -> Result<()> {
+        println!("{TAG} probe placement");
+        let iters = if self.opts.quick { 3_000 } else { 10_000 };
+        let args: Vec<String> = ["--mode", "free", "--iters"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([iters.to_string()])
+            .collect();
+        let configs = [
+            Config::Untraced,
+            Config::FloorEntry,
+            Config::Floor,
+            Config::MemscopeEntry,
+            Config::Memscope,
+        ];
+        for round in 0..self.opts.rounds {
+            for &c in &configs {
+                let out = self.run_workload(c, &args)?;
+                let ns = result_field(&out.stdout, "ns_per_call").context("no RESULT")?;
+                println!(
+                    "{TAG}   round {round} free {:40} {ns:>9.1} ns/call",
+                    c.name()
+                );
+                self.sample("placement", "free", c.key(), round, "ns_per_call", ns);
+            }
+        }
+        // Same events under both placements (the e2e test compares rows one by one).
+        let hal: Vec<String> = ["--mode", "hal", "--iters", "2000"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut summaries = Vec::new();
+        for c in [Config::MemscopeEntry, Config::Memscope] {
+            let out = self.run_workload(c, &hal)?;
+            let line = out
+                .stderr
+                .lines()
+                .find(|l| l.contains(" rows; "))
+                .map(|l| l.split_once(": ").map(|x| x.1).unwrap_or(l).to_string())
+                .unwrap_or_else(|| "no rows".into());
+            summaries.push((c, line));
+        }
+        let base = median(&self.values("placement", "free", "untraced", "ns_per_call"));
+        let over =
+            |c: Config| median(&self.values("placement", "free", c.key(), "ns_per_call")) - base;
+        let mut md = String::new();
+        writeln!(
+            md,
+            "## Probe placement: `halMemFree` (first instruction `test %rdi,%rdi`)\n"
+        )?;
+        writeln!(
+            md,
+            "`bench_loop --mode free`: {iters} calls of `halMemFree(<unknown address>)` (returns \
+             1, so no row is written; the probe cost is what is measured). Naive: entry and \
+             return probe at +0 (`test`, single-stepped). Placed: both at +0x3 (`je`, emulated). \
+             {} rounds, median (min-max).\n",
+            self.opts.rounds
+        )?;
+        writeln!(
+            md,
+            "| configuration | ns per call (min-max) | overhead ns/call |"
+        )?;
+        writeln!(md, "|---|---:|---:|")?;
+        for &c in &configs {
+            let v = self.values("placement", "free", c.key(), "ns_per_call");
+            let (lo, hi) = spread(&v);
+            writeln!(
+                md,
+                "| {} | {} ({}-{}) | {} |",
+                c.name()
+                    .replace("(b) empty BPF programs (floor)", "(b) floor, placed")
+                    .replace("(c) memscope-bpf", "(c) memscope-bpf, placed"),
+                fmt_ns(median(&v)),
+                fmt_ns(lo),
+                fmt_ns(hi),
+                if c == Config::Untraced {
+                    "-".into()
+                } else {
+                    fmt_ns(over(c))
+                }
+            )?;
+        }
+        writeln!(
+            md,
+            "\nGain (naive overhead / placed overhead): {:.1}x on the floor, {:.1}x under memscope-bpf (goal ≥ 5x).\n",
+            over(Config::FloorEntry) / over(Config::Floor),
+            over(Config::MemscopeEntry) / over(Config::Memscope)
+        )?;
+        writeln!(
+            md,
+            "Events recorded by `bench_loop --mode hal --iters 2000` (tracer summary):\n"
+        )?;
+        for (c, s) in &summaries {
+            writeln!(md, "- {}: {s}", c.name())?;
+        }
+        writeln!(md)?;
+        for (c, s) in &summaries {
+            self.notes
+                .push(format!("placement events {}: {s}", c.key()));
+        }
+        self.md.push_str(&md);
+        Ok(())
+    }
+
+    fn loss(&mut self) -> Result<()> {
+        println!("{TAG} no loss under load ({} s)", self.opts.loss_seconds);
+        let mut md = String::new();
+        writeln!(md, "## No loss under load\n")?;
+        writeln!(
+            md,
+            "`bench_loop --threads 4 --seconds {}` under memscope-bpf with the default ring \
+             buffer, on this {}-CPU machine (the 4 workload threads and the tracer share the \
+             CPUs). Events = completed traced calls (one ring record each).\n",
+            self.opts.loss_seconds,
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0)
+        )?;
+        writeln!(
+            md,
+            "| workload | traced calls | calls/s held | rows written by the tracer | lost (ring full + in flight) |"
+        )?;
+        writeln!(md, "|---|---:|---:|---:|---:|")?;
+        for (mode, secs) in [
+            ("hal", self.opts.loss_seconds),
+            ("mstx", self.opts.loss_seconds.div_ceil(6)),
+        ] {
+            let args: Vec<String> = vec![
+                "--mode".into(),
+                mode.into(),
+                "--threads".into(),
+                "4".into(),
+                "--seconds".into(),
+                secs.to_string(),
+            ];
+            let out = self.run_workload(Config::Memscope, &args)?;
+            let calls = result_field(&out.stdout, "calls").unwrap_or(f64::NAN);
+            let elapsed = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e9;
+            let (_, lost) = tracer_totals(&out.stderr);
+            // Rows written = completed calls recorded (every call here succeeds: one row each).
+            let events: u64 = out
+                .stderr
+                .lines()
+                .find_map(|l| {
+                    l.split(": ")
+                        .nth(1)?
+                        .strip_suffix(" rows")
+                        .or_else(|| l.split(": ").nth(1)?.split(" rows;").next())?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0);
+            let rate = calls / elapsed;
+            println!(
+                "{TAG}   {mode}: {calls} calls in {elapsed:.1} s ({rate:.0}/s), tracer: {events} events, {lost} lost"
+            );
+            self.sample("loss", mode, "memscope", 0, "calls", calls);
+            self.sample("loss", mode, "memscope", 0, "calls_per_s", rate);
+            self.sample("loss", mode, "memscope", 0, "events", events as f64);
+            self.sample("loss", mode, "memscope", 0, "lost", lost as f64);
+            writeln!(
+                md,
+                "| {mode}, 4 threads, {secs} s | {calls:.0} | {rate:.0} | {events} | {lost} |"
+            )?;
+        }
+        writeln!(md)?;
+        self.md.push_str(&md);
+        Ok(())
+    }
+
+    fn replay(&mut self, target: &Path) -> Result<()> {
+        println!("{TAG} user-space throughput ({} events)", self.opts.events);
+        let exe = target.join("release/examples/replay");
+        let out_dir = self.scratch.join("replay-out");
+        let rounds = self.opts.rounds.min(3);
+        let runs: Vec<(String, u64)> = vec![
+            ("none".into(), self.opts.events),
+            ("csv".into(), self.opts.events),
+            ("csv".into(), self.opts.events / 10),
+        ];
+        let mut md = String::new();
+        writeln!(md, "## User-space throughput\n")?;
+        writeln!(
+            md,
+            "`probe-user/examples/replay.rs`: synthetic ring records (halMemAlloc/halMemFree \
+             pairs over 8 threads, 64 live blocks per thread, every 1000th block leaked) through \
+             `decode::raw_from_bytes` + `decode::decode`, `tracker::ProcessState::apply`, the \
+             writer, then the leak analysis (leak files + report). One core, {rounds} rounds, \
+             median (min-max). Peak RSS is VmHWM of the whole process. The `db` writer does not \
+             exist yet (`--format=db` is refused), so it is not measured.\n"
+        )?;
+        writeln!(
+            md,
+            "| writer | events | events/s (min-max) | peak RSS KiB | live blocks at end |"
+        )?;
+        writeln!(md, "|---|---:|---:|---:|---:|")?;
+        for (writer, events) in runs {
+            let workload = format!("{writer}-{events}");
+            let mut live = 0.0;
+            let mut rss = 0.0;
+            for round in 0..rounds {
+                let _ = fs::remove_dir_all(&out_dir);
+                let mut c = Command::new(&exe);
+                c.args([
+                    "--events",
+                    &events.to_string(),
+                    "--writer",
+                    &writer,
+                    "--out",
+                ])
+                .arg(&out_dir);
+                let out = self.exec(c)?;
+                let get = |k: &str| -> f64 {
+                    out.stdout
+                        .split(&format!("\"{k}\":"))
+                        .nth(1)
+                        .and_then(|r| r.split([',', '}']).next())
+                        .and_then(|v| v.trim_matches('"').parse().ok())
+                        .unwrap_or(f64::NAN)
+                };
+                let eps = get("events_per_s");
+                rss = get("peak_rss_kib");
+                live = get("live_blocks");
+                println!("{TAG}   {writer} {events}: {eps:.0} events/s, peak RSS {rss} KiB");
+                self.sample("replay", &workload, &writer, round, "events_per_s", eps);
+                self.sample("replay", &workload, &writer, round, "peak_rss_kib", rss);
+            }
+            let _ = fs::remove_dir_all(&out_dir);
+            let v = self.values("replay", &workload, &writer, "events_per_s");
+            let (lo, hi) = spread(&v);
+            writeln!(
+                md,
+                "| {writer} | {events} | {:.2} M ({:.2}-{:.2}) | {rss:.0} | {live:.0} |",
+                median(&v) / 1e6,
+                lo / 1e6,
+                hi / 1e6
+            )?;
+        }
+        writeln!(
+            md,
+            "\nGoal: ≥ 2 M events/s for decoding + leak analysis + CSV on one core; RSS flat in the number of events.\n"
+        )?;
+        self.md.push_str(&md);
+        Ok(())
+    }
+
+    fn write(&mut self, seconds: f64) -> Result<()> {
+        let docs = self.repo.join("docs");
+        let raw_dir = docs.join("benchmarks");
+        fs::create_dir_all(&raw_dir)?;
+        let mut csv = String::from("section,workload,config,round,metric,value\n");
+        for s in &self.samples {
+            writeln!(
+                csv,
+                "{},{},{},{},{},{}",
+                s.section, s.workload, s.config, s.round, s.metric, s.value
+            )?;
+        }
+        let machine = machine_info();
+        // results.json: medians per (section, workload, config, metric), plus the machine.
+        let mut groups: BTreeMap<(String, String, String, String), Vec<f64>> = BTreeMap::new();
+        for s in &self.samples {
+            groups
+                .entry((
+                    s.section.into(),
+                    s.workload.clone(),
+                    s.config.clone(),
+                    s.metric.into(),
+                ))
+                .or_default()
+                .push(s.value);
+        }
+        let mut json = String::from("{\n  \"machine\": {");
+        let m: Vec<String> = machine
+            .iter()
+            .map(|(k, v)| format!("\"{k}\": \"{}\"", v.replace('"', "'")))
+            .collect();
+        json.push_str(&m.join(", "));
+        json.push_str("},\n  \"results\": [\n");
+        let rows: Vec<String> = groups
+            .iter()
+            .map(|((sec, w, c, met), v)| {
+                let (lo, hi) = spread(v);
+                format!(
+                    "    {{\"section\": \"{sec}\", \"workload\": \"{w}\", \"config\": \"{c}\", \"metric\": \"{met}\", \"median\": {}, \"min\": {lo}, \"max\": {hi}, \"n\": {}}}",
+                    median(v),
+                    v.len()
+                )
+            })
+            .collect();
+        json.push_str(&rows.join(",\n"));
+        json.push_str("\n  ]\n}\n");
+        let suffix = if self.opts.write_docs { "" } else { "-partial" };
+        fs::write(raw_dir.join(format!("raw{suffix}.csv")), csv)?;
+        fs::write(raw_dir.join(format!("results{suffix}.json")), json)?;
+        let mut md = String::from("# Benchmarks\n\nWritten by `cargo xtask bench`");
+        if self.opts.quick {
+            md.push_str(" --quick");
+        }
+        writeln!(
+            md,
+            " in {seconds:.0} s. Raw numbers: [benchmarks/raw.csv](benchmarks/raw.csv), \
+             medians: [benchmarks/results.json](benchmarks/results.json). Times are for this \
+             machine only; compare configurations within one run.\n"
+        )?;
+        writeln!(md, "| | |\n|---|---|")?;
+        for (k, v) in &machine {
+            writeln!(md, "| {k} | {v} |")?;
+        }
+        writeln!(md)?;
+        md.push_str(&self.md);
+        if !self.notes.is_empty() {
+            writeln!(md, "## Notes\n")?;
+            for n in &self.notes {
+                writeln!(md, "- {n}")?;
+            }
+        }
+        let path = docs.join(format!("benchmarks{suffix}.md"));
+        fs::write(&path, md)?;
+        println!("{TAG} wrote {}", path.display());
+        Ok(())
+    }
+}
+
+/// (events, lost) from the tracer's closing lines.
+fn tracer_totals(stderr: &str) -> (u64, u64) {
+    for line in stderr.lines().rev() {
+        let l = line.trim_start_matches("[memscope-bpf] ");
+        if let Some(n) = l.strip_suffix(" events, none lost") {
+            return (n.trim().parse().unwrap_or(0), 0);
+        }
+        if let Some(rest) = l.strip_prefix("warning: ")
+            && let Some((n, _)) = rest.split_once(" event(s) lost")
+        {
+            let events = stderr
+                .lines()
+                .find_map(|x| {
+                    x.split(": ")
+                        .nth(1)?
+                        .split(" events so far")
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0);
+            return (events, n.trim().parse().unwrap_or(0));
+        }
+    }
+    (0, 0)
+}
+
+fn insn_text(name: &str) -> &'static str {
+    match name {
+        "ins_nop" => "`nop` (90)",
+        "ins_nop2" => "`xchg %ax,%ax` (66 90)",
+        "ins_nop3" => "`nopl (%rax)` (0f 1f 00)",
+        "ins_nop4" => "`nopl 0(%rax)` (0f 1f 40 00)",
+        "ins_nop5" => "`nopl 0(%rax,%rax,1)` (0f 1f 44 00 00)",
+        "ins_endbr64" => "`endbr64`",
+        "ins_push_rbp" => "`push %rbp`",
+        "ins_push_r12" => "`push %r12` (41 54)",
+        "ins_push_imm" => "`push $0`",
+        "ins_mov_rsp" => "`mov %rsp,%rax`",
+        "ins_test" => "`test %rdi,%rdi`",
+        "ins_cmp" => "`cmp $0,%rdi`",
+        "ins_xor" => "`xor %eax,%eax`",
+        "ins_mov_rr" => "`mov %rdi,%rax`",
+        "ins_mov_imm" => "`mov $1,%eax`",
+        "ins_mov_load" => "`mov (%rsp),%rax`",
+        "ins_mov_store" => "`mov %rdi,-8(%rsp)`",
+        "ins_lea" => "`lea 8(%rdi),%rax`",
+        "ins_lea_rip" => "`lea x(%rip),%rax`",
+        "ins_sub_rsp" => "`sub $8,%rsp`",
+        "ins_jcc" => "`je rel8`",
+        "ins_jmp" => "`jmp rel8`",
+        "ins_call" => "`call rel32`",
+        "ins_ret" => "`ret`",
+        "ins_lock" => "`lock addl $0,-8(%rsp)`",
+        _ => "?",
+    }
+}
+
+fn machine_info() -> Vec<(&'static str, String)> {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let out = |c: &mut Command| {
+        cmd::probe(c)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    vec![
+        (
+            "date",
+            out(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])),
+        ),
+        ("kernel", out(Command::new("uname").arg("-r"))),
+        ("cpu", cpu),
+        (
+            "cpus",
+            std::thread::available_parallelism()
+                .map(|n| n.get().to_string())
+                .unwrap_or_default(),
+        ),
+        (
+            "memory",
+            fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .next()
+                        .map(|l| l.replace("MemTotal:", "").trim().to_string())
+                })
+                .unwrap_or_default(),
+        ),
+        ("bpftrace", out(Command::new("bpftrace").arg("--version"))),
+    ]
+}
