@@ -187,6 +187,10 @@ pub struct RawEvent {
     pub data: [u8; DATA_LEN],
 }
 
+/// Bytes of a [`RawEvent`] before `data`: a record is sent as this header plus `data_len`
+/// bytes of data.
+pub const RAW_HEADER: usize = core::mem::size_of::<RawEvent>() - DATA_LEN;
+
 impl RawEvent {
     pub const fn zeroed() -> Self {
         RawEvent {

@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use probe_common::{
     CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2,
-    ProbeSpec, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent,
+    ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent,
     TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
@@ -203,7 +203,12 @@ fn emit(ev: &RawEvent) {
     } else {
         BPF_RB_NO_WAKEUP
     };
-    if EVENTS.output::<RawEvent>(ev, flags).is_err() {
+    // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
+    // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
+    // and chunks stay under it), so the mask never cuts data.
+    let len = RAW_HEADER + (ev.data_len as usize & (DATA_LEN - 1));
+    let bytes = unsafe { core::slice::from_raw_parts(ev as *const RawEvent as *const u8, len) };
+    if EVENTS.output::<[u8]>(bytes, flags).is_err() {
         bump(counter::RINGBUF_FULL);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use probe_common::{RawEvent, event_flags, kind};
+use probe_common::{RAW_HEADER, RawEvent, event_flags, kind};
 
 use crate::{hal::DrvMemProp, probes::ProbeId};
 
@@ -171,11 +171,18 @@ impl Decoded {
 
 /// Copies a record out of the ring buffer. `None` for short or unknown records.
 pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
-    if bytes.len() < std::mem::size_of::<RawEvent>() {
+    // Records carry the header and only the valid part of `data`.
+    if bytes.len() < RAW_HEADER {
         return None;
     }
-    // SAFETY: length checked; RawEvent is plain integers, any bit pattern is valid.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const RawEvent) })
+    let n = bytes.len().min(std::mem::size_of::<RawEvent>());
+    let mut ev = RawEvent::zeroed();
+    // SAFETY: RawEvent is repr(C) plain integers; any bytes are a valid value, and `n` is at
+    // most its size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut ev as *mut RawEvent as *mut u8, n)
+    };
+    Some(ev)
 }
 
 pub fn decode(raw: &RawEvent) -> Option<Decoded> {

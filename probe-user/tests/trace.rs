@@ -671,3 +671,73 @@ fn sigint_in_launch_mode_detaches_and_the_program_runs_on() {
     let rows = rows_of(&out_dir, pid);
     assert!(!rows.is_empty() && memory_rows(&rows, "MALLOC").len() < gt.of("MALLOC").len());
 }
+
+#[test]
+fn sigkilled_tracer_leaves_a_valid_database_up_to_its_last_commit() {
+    if !require_root("sigkilled_tracer_leaves_a_valid_database_up_to_its_last_commit") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("sigkill-db");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let mut tracer = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--format=db", "--"])
+        .arg(bin("workload"))
+        .args(["--loop-ms", "20000", "--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&log, "FREE", 20);
+    let pid: u32 = text
+        .lines()
+        .find_map(|l| l.split("pid=").nth(1))
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Let several commits happen (every 100 ms), then kill the tracer without warning.
+    std::thread::sleep(Duration::from_millis(1500));
+    tracer.kill().unwrap();
+    tracer.wait().unwrap();
+    // SAFETY: ending the workload we started (through the tracer).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let db = find_files(&process_dir(&out_dir, pid).unwrap(), "memscope_dump_")
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "db"))
+        .expect("a .db dump");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let mut stmt = conn
+        .prepare("SELECT \"ID\", \"Event\", \"Ptr\" FROM memscope_dump ORDER BY \"ID\"")
+        .unwrap();
+    let rows: Vec<(i64, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(rows.len() > 20, "only {} rows committed", rows.len());
+    // A gap-free prefix of what was written, and every memory row a real call of the target.
+    assert!(
+        rows.iter().enumerate().all(|(i, r)| r.0 == i as i64),
+        "ids are a prefix"
+    );
+    let gt = parse_log(&log);
+    let addrs: std::collections::BTreeSet<String> = gt
+        .of("MALLOC")
+        .iter()
+        .map(|b| format!("0x{:016x}", b.addr))
+        .collect();
+    for (_, event, ptr) in rows.iter().filter(|r| r.1 == "MALLOC" || r.1 == "FREE") {
+        assert!(
+            addrs.contains(ptr),
+            "{event} {ptr} is not an address the target allocated"
+        );
+    }
+}

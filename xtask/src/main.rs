@@ -14,6 +14,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod fuzz;
 mod setup;
 
 use std::path::PathBuf;
@@ -33,8 +34,13 @@ Commands:
         --bpf-linker-root DIR    install bpf-linker under DIR (cargo install --root)
   test [-- ARGS...]
         setup, then `cargo build --all-targets` and `cargo test ARGS...` (the
-        workspace's default members; RUST_BACKTRACE=1). Exits with cargo's status.
+        workspace's default members; RUST_BACKTRACE=1), then a short fuzz run of the
+        ELF/DWARF parsers (MEMSCOPE_FUZZ_SECS, default 30; 0 skips it; installs
+        cargo-fuzz on first use). Exits with cargo's status, 1 if the fuzzer crashes.
         e.g. cargo xtask test -- -p memscope-bpf -- --nocapture
+  fuzz [SECONDS]
+        The short fuzz run of the ELF/DWARF/CFI parsers that `test` ends with
+        (default 30 s; installs cargo-fuzz on first use).
   demo
         setup, build the tracer (release) and trace tests/fixtures/build/bin/demo_train,
         writing to target/demo; then list the files this run wrote. Needs root.
@@ -77,6 +83,10 @@ fn run(args: &[String]) -> Result<u8> {
             Ok(0)
         }
         "test" => test(&repo, rest),
+        "fuzz" => {
+            let secs = rest.first().map(|s| s.parse()).transpose()?.unwrap_or(30);
+            fuzz::short_run(&repo, secs).map(|()| 0)
+        }
         "bench" => bench::run(&repo, bench::parse(rest)?),
         "demo" => {
             if let Some(arg) = rest.first() {
@@ -167,5 +177,16 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     if !ready.is_root {
         println!("[test] note: not root, so the tests that load BPF programs were skipped");
     }
-    Ok(cmd::exit_code(status))
+    if !status.success() {
+        return Ok(cmd::exit_code(status));
+    }
+    // A short fuzz run of the object-file parsers must not find a crash.
+    let secs = std::env::var("MEMSCOPE_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    if secs > 0 {
+        fuzz::short_run(repo, secs)?;
+    }
+    Ok(0)
 }
