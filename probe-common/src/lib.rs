@@ -247,7 +247,8 @@ pub struct TracepointOffsets {
     /// 1: stop a traced process at exec and at the open of an unknown shared object until
     /// user space has attached (launch mode). 0: never signal the target (attach mode).
     pub stop_on_discovery: u32,
-    /// 1: emit a STACK sample with every traced call (`--call-stack=c`).
+    /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
+    /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding.
     pub capture_stacks: u32,
 }
 

@@ -139,6 +139,11 @@ fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
         )
     };
     st.nframes = if got > 0 { (got / 8) as u16 } else { 0 };
+    if offsets().capture_stacks == 1 {
+        st.stack_len = 0;
+        output_stack(st, 0);
+        return;
+    }
     // A read that crosses the top of the stack fails whole: try smaller copies. Each size is a
     // constant on its path, which is what the verifier needs for the output length.
     let sp = st.sp;

@@ -133,7 +133,16 @@ fn run(opts: Options) -> Result<u8> {
         .c_depth
         .filter(|d| *d > 0)
         .map(|d| d as usize);
-    offsets.capture_stacks = stack_depth.is_some() as u32;
+    // Both the frame-pointer walk and a stack copy (CFI); `MEMSCOPE_BPF_STACK_MODE=fp` keeps
+    // only the walk (benchmarks compare the two).
+    offsets.capture_stacks = match (
+        stack_depth,
+        std::env::var("MEMSCOPE_BPF_STACK_MODE").as_deref(),
+    ) {
+        (None, _) => 0,
+        (Some(_), Ok("fp")) => 1,
+        (Some(_), _) => 2,
+    };
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     let mut planner = Planner::new(opts.libs.clone());
     planner.hold_at_exit = stack_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
