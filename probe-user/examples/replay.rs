@@ -91,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         devices: DeviceFilter::default(),
         steps: StepFilter::default(),
         step_analyses: true,
+        oom_top_k: None,
     };
     let mut state = ProcessState::new(pid);
     let mut out = match args.writer.as_str() {
@@ -163,7 +164,7 @@ fn main() -> anyhow::Result<()> {
             continue;
         };
         let ts_real = call.ts_mono;
-        for row in state.apply(&call, ts_real, &opts) {
+        for row in state.apply(&call, ts_real, &opts, None) {
             rows += 1;
             if let Some(o) = out.as_mut() {
                 o.write(row)?;

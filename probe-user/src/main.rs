@@ -84,10 +84,8 @@ fn run(opts: Options) -> Result<u8> {
         ),
         (opts.watch.is_some(), "--watch"),
         (
-            opts.analysis.decompose
-                || opts.analysis.inefficient
-                || opts.analysis.oom_top_k.is_some(),
-            "--analysis other than leaks",
+            opts.analysis.decompose || opts.analysis.inefficient,
+            "--analysis=decompose|inefficient",
         ),
     ] {
         if given {
@@ -201,6 +199,7 @@ fn run(opts: Options) -> Result<u8> {
             devices: opts.devices,
             steps: StepFilter::new(&opts.steps),
             step_analyses: opts.analysis.leaks && opts.steps.is_empty(),
+            oom_top_k: opts.analysis.oom_top_k,
         },
         leaks: opts.analysis.leaks,
         child,
@@ -211,7 +210,7 @@ fn run(opts: Options) -> Result<u8> {
         .build()?;
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
 
-    print_summary(&result, &opts.output_dir);
+    print_summary(&result, &opts.output_dir, opts.analysis.oom_top_k.is_some());
     let code = match result.end {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
@@ -253,7 +252,7 @@ fn report_plan(planner: &mut Planner) {
     }
 }
 
-fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path) {
+fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_analysis: bool) {
     let mut dirs: Vec<PathBuf> = Vec::new();
     for (pid, stats, rows, dir) in &r.processes {
         log::info(&format!(
@@ -270,6 +269,17 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path) {
             log::info(&format!(
                 "pid {pid}: {} failed allocation(s), {} failed free(s) (not written as rows)",
                 stats.failed_allocs, stats.failed_frees
+            ));
+        }
+        if stats.ooms > 0 {
+            log::warn(&format!(
+                "pid {pid}: {} allocation(s) failed for lack of device memory (OOM_DETAIL rows{})",
+                stats.ooms,
+                if oom_analysis {
+                    " in the dump"
+                } else {
+                    "; --analysis=oom reports the live blocks"
+                }
             ));
         }
         if stats.double_mallocs > 0 {

@@ -390,12 +390,11 @@ impl Session {
                     let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
                     let traced = self.traced(call.pid);
-                    let rows = traced.state.apply(&call, ts, &track);
+                    let rows = traced.state.apply(&call, ts, &track, c_stack);
                     for m in traced.state.messages.drain(..) {
                         log::debug(&m);
                     }
-                    for mut row in rows {
-                        row.c_stack = c_stack.clone();
+                    for row in rows {
                         if let Err(e) = traced.out.write(row) {
                             log::error(&format!("{e:#}"));
                         }

@@ -47,6 +47,8 @@ pub struct Block {
     pub step: u32,
     pub module_id: u32,
     pub page_type: PageType,
+    /// The C stack of the allocation (`--call-stack=c`), for the OOM report.
+    pub stack: Option<std::sync::Arc<str>>,
 }
 
 /// Counts kept per process for the summary.
@@ -71,6 +73,8 @@ pub struct ProcessStats {
     pub pool_frees: u64,
     /// Pool regions freed that were never seen registered.
     pub pool_unmatched: u64,
+    /// Allocations that failed for lack of device memory (`DRV_ERROR_OUT_OF_MEMORY`).
+    pub ooms: u64,
 }
 
 /// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
@@ -113,6 +117,9 @@ pub struct ProcessState {
     gaps: Gaps,
     /// Findings of the step analyses, for the caller to log.
     pub messages: Vec<String>,
+    /// The stack of the call being applied (set by `apply`).
+    current_stack: Option<std::sync::Arc<str>>,
+    last_oom_detail_ns: Option<u64>,
     pub stats: ProcessStats,
 }
 
@@ -150,7 +157,15 @@ pub struct TrackOptions {
     pub steps: StepFilter,
     /// Run the pool step analyses (leaks per step, gaps): `--analysis=leaks` without `--steps`.
     pub step_analyses: bool,
+    /// `--analysis=oom[:K]`: on an out-of-memory failure, report the K most recent and the K
+    /// largest live blocks.
+    pub oom_top_k: Option<u32>,
 }
+
+/// `DRV_ERROR_OUT_OF_MEMORY`.
+pub const DRV_ERROR_OUT_OF_MEMORY: i32 = 6;
+/// Detail dumps of one process are at least this far apart (msMemScope's throttle).
+const OOM_DETAIL_INTERVAL_NS: u64 = 2_000_000_000;
 
 impl ProcessState {
     pub fn new(pid: u32) -> Self {
@@ -181,7 +196,16 @@ impl ProcessState {
     }
 
     /// Applies one call; returns the rows to write (possibly none).
-    pub fn apply(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
+    /// `stack` is the C stack of the call (`--call-stack=c`): its rows carry it, and so do the
+    /// blocks it allocates.
+    pub fn apply(
+        &mut self,
+        ev: &CallEvent,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        stack: Option<std::sync::Arc<str>>,
+    ) -> Vec<Row> {
+        self.current_stack = stack;
         let kept_before = opts.steps.keeps(self.step_range.is_some(), self.step);
         let mut rows = self.apply_call(ev, ts_ns, opts);
         let kept_after = opts.steps.keeps(self.step_range.is_some(), self.step);
@@ -189,7 +213,93 @@ impl ProcessState {
         if !kept_before && !kept_after {
             rows.clear();
         }
+        for r in &mut rows {
+            // OOM detail rows carry the stacks of the blocks they list (set when built).
+            if r.c_stack.is_none() && r.event != "OOM_DETAIL" {
+                r.c_stack = self.current_stack.clone();
+            }
+        }
+        self.current_stack = None;
         rows
+    }
+
+    /// An allocation failed for lack of memory (spec §6.6): the trigger row, then, at most
+    /// every 2 s, the K most recent and the K largest live blocks (the process's HAL blocks
+    /// and the pools' blocks on that device).
+    #[allow(clippy::too_many_arguments)]
+    fn oom(
+        &mut self,
+        func: &str,
+        size: u64,
+        flag: u64,
+        device: u32,
+        tid: u32,
+        ts_ns: u64,
+        k: u32,
+        rows: &mut Vec<Row>,
+    ) {
+        self.stats.ooms += 1;
+        let base = Row {
+            event: "OOM_DETAIL",
+            event_type: "OOM_TRIGGER",
+            name: "OOM_Trigger".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(device),
+            ptr: None,
+            attr: format!("func:{func},req_size:{size},flag:{flag}"),
+            c_stack: self.current_stack.clone(),
+        };
+        rows.push(base.clone());
+        if self
+            .last_oom_detail_ns
+            .is_some_and(|last| ts_ns.saturating_sub(last) < OOM_DETAIL_INTERVAL_NS)
+        {
+            return;
+        }
+        self.last_oom_detail_ns = Some(ts_ns);
+        let mut live: Vec<&Block> = self
+            .live
+            .values()
+            .chain(self.live_handles.values())
+            .chain(self.pool_blocks.values().filter(|b| b.device == device))
+            .collect();
+        let k = k as usize;
+        let mut emit = |live: &[&Block], event_type: &'static str, name: &str| {
+            for b in live.iter().take(k) {
+                let pool = match b.kind {
+                    BlockKind::Pool(PoolKind::PtaCaching) => "PTA",
+                    BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE",
+                    BlockKind::Pool(PoolKind::Atb) => "ATB",
+                    BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE",
+                    _ => "HAL",
+                };
+                rows.push(Row {
+                    event_type,
+                    name: name.into(),
+                    device: DeviceKey::from_id(b.device),
+                    attr: format!(
+                        "pool:{pool},ptr:0x{:016x},size:{},timestamp:{}",
+                        b.addr, b.size, b.ts_ns
+                    ),
+                    c_stack: Some(b.stack.clone().unwrap_or_else(|| std::sync::Arc::from(""))),
+                    ..base.clone()
+                });
+            }
+        };
+        live.sort_by(|a, b| {
+            b.ts_ns
+                .cmp(&a.ts_ns)
+                .then(b.allocation_id.cmp(&a.allocation_id))
+        });
+        emit(&live, "OOM_RECENT_ALLOC", "OOM_RecentAlloc");
+        live.sort_by(|a, b| {
+            b.size
+                .cmp(&a.size)
+                .then(b.allocation_id.cmp(&a.allocation_id))
+        });
+        emit(&live, "OOM_TOP_ALLOC", "OOM_TopAlloc");
     }
 
     fn apply_call(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
@@ -214,12 +324,26 @@ impl ProcessState {
                 ret,
                 addr,
             } => {
-                let Some(addr) = addr.filter(|_| *ret == 0) else {
-                    self.stats.failed_allocs += 1;
-                    return rows;
-                };
                 let f = AllocFlag::decode(*flag);
                 let device = f.reported_device();
+                let Some(addr) = addr.filter(|_| *ret == 0) else {
+                    self.stats.failed_allocs += 1;
+                    if *ret == DRV_ERROR_OUT_OF_MEMORY
+                        && let Some(k) = opts.oom_top_k
+                    {
+                        self.oom(
+                            "halMemAlloc",
+                            *size,
+                            *flag,
+                            device,
+                            ev.tid,
+                            ts_ns,
+                            k,
+                            &mut rows,
+                        );
+                    }
+                    return rows;
+                };
                 if !self.wants_device(opts, device) {
                     self.stats.filtered += 1;
                     return rows;
@@ -247,15 +371,29 @@ impl ProcessState {
                 prop,
                 ret,
                 handle,
-                ..
+                flag,
             } => {
-                let Some(handle) = handle.filter(|_| *ret == 0) else {
-                    self.stats.failed_allocs += 1;
-                    return rows;
-                };
                 let (device, module, page) = match prop {
                     Some(p) => (p.devid, p.module_id, PageType::from_prop(p.pg_type)),
                     None => (0, u32::MAX, PageType::Normal),
+                };
+                let Some(handle) = handle.filter(|_| *ret == 0) else {
+                    self.stats.failed_allocs += 1;
+                    if *ret == DRV_ERROR_OUT_OF_MEMORY
+                        && let Some(k) = opts.oom_top_k
+                    {
+                        self.oom(
+                            "halMemCreate",
+                            *size,
+                            *flag,
+                            device,
+                            ev.tid,
+                            ts_ns,
+                            k,
+                            &mut rows,
+                        );
+                    }
+                    return rows;
                 };
                 if !self.wants_device(opts, device) {
                     self.stats.filtered += 1;
@@ -549,6 +687,7 @@ impl ProcessState {
             step: self.step,
             module_id,
             page_type,
+            stack: self.current_stack.clone(),
         }
     }
 
@@ -690,6 +829,7 @@ mod tests {
             },
             steps: StepFilter::default(),
             step_analyses: true,
+            oom_top_k: Some(2),
         }
     }
 
@@ -720,6 +860,7 @@ mod tests {
             ),
             10,
             &o,
+            None,
         );
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].device, DeviceKey::Npu(1));
@@ -739,6 +880,7 @@ mod tests {
             ),
             11,
             &o,
+            None,
         );
         let r = p.apply(
             &ev(
@@ -750,6 +892,7 @@ mod tests {
             ),
             12,
             &o,
+            None,
         );
         assert_eq!(r[0].event, "FREE");
         assert_eq!(r[0].tid, 8);
@@ -768,7 +911,8 @@ mod tests {
                     }
                 ),
                 13,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -782,7 +926,8 @@ mod tests {
                     }
                 ),
                 13,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -793,12 +938,13 @@ mod tests {
                     Call::HalAlloc {
                         size: 1,
                         flag: 0,
-                        ret: 6,
+                        ret: 1,
                         addr: Some(0)
                     }
                 ),
                 13,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -822,10 +968,11 @@ mod tests {
             ),
             1,
             &o,
+            None,
         );
         assert_eq!(r[0].name, "\"step start\"");
         assert_eq!(r[0].device, DeviceKey::NotApplicable);
-        p.apply(&ev(1, Call::SetDevice { device: 3, ret: 0 }), 1, &o);
+        p.apply(&ev(1, Call::SetDevice { device: 3, ret: 0 }), 1, &o, None);
         let r = p.apply(
             &ev(
                 1,
@@ -835,6 +982,7 @@ mod tests {
             ),
             2,
             &o,
+            None,
         );
         assert_eq!(
             (r[0].name.as_str(), r[0].device),
@@ -852,6 +1000,7 @@ mod tests {
             ),
             3,
             &o,
+            None,
         );
         assert_eq!((r[0].event_type, r[0].device), ("HOST", DeviceKey::Cpu));
         assert_eq!(
@@ -878,10 +1027,11 @@ mod tests {
             ),
             4,
             &o,
+            None,
         );
         assert!(r[0].attr.ends_with("page_type:giant,alloc_type:create"));
         assert_eq!(r[0].device, DeviceKey::Npu(2));
-        let r = p.apply(&ev(1, Call::RangeEnd { id: 5 }), 5, &o);
+        let r = p.apply(&ev(1, Call::RangeEnd { id: 5 }), 5, &o, None);
         assert_eq!(r[0].name, "\"Range end from id 5\"");
         let live = p.live_blocks();
         assert_eq!(live.len(), 2);
@@ -896,6 +1046,7 @@ mod tests {
             ),
             6,
             &o,
+            None,
         );
         assert_eq!(r[0].event, "FREE");
         assert_eq!(p.stats.releases, 1);
@@ -922,7 +1073,8 @@ mod tests {
                     }
                 ),
                 1,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -938,7 +1090,8 @@ mod tests {
                     }
                 ),
                 1,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -955,7 +1108,8 @@ mod tests {
                     }
                 ),
                 1,
-                &o
+                &o,
+                None
             )
             .len(),
             1
@@ -973,7 +1127,8 @@ mod tests {
                     }
                 ),
                 1,
-                &o
+                &o,
+                None
             )
             .is_empty()
         );
@@ -996,6 +1151,7 @@ mod tests {
             ),
             1,
             &o,
+            None,
         );
         let r = p.apply(
             &ev(
@@ -1009,6 +1165,7 @@ mod tests {
             ),
             2,
             &o,
+            None,
         );
         assert_eq!(
             r.iter().map(|r| r.event).collect::<Vec<_>>(),
@@ -1036,6 +1193,7 @@ mod tests {
                 ),
                 1,
                 &o,
+                None,
             )
             .len()
         };
@@ -1051,9 +1209,10 @@ mod tests {
                 ),
                 1,
                 &o,
+                None,
             );
             let inside = alloc(&mut p, 100 + step);
-            let end = p.apply(&ev(1, Call::RangeEnd { id }), 1, &o);
+            let end = p.apply(&ev(1, Call::RangeEnd { id }), 1, &o, None);
             let kept = step == 2;
             assert_eq!(
                 (start.len(), inside, end.len()),
@@ -1062,5 +1221,91 @@ mod tests {
         }
         assert_eq!(alloc(&mut p, 2), 0, "after the step");
         assert_eq!(p.live_blocks().len(), 5, "every block is still tracked");
+    }
+
+    #[test]
+    fn oom_reports_trigger_recent_and_largest_blocks_throttled() {
+        let mut p = ProcessState::new(100);
+        let o = opts(); // oom top-K 2
+        let alloc = |p: &mut ProcessState, addr: u64, size: u64, ts: u64, stack: &str| {
+            let call = Call::HalAlloc {
+                size,
+                flag: 1 << 10,
+                ret: 0,
+                addr: Some(addr),
+            };
+            p.apply(&ev(1, call), ts, &o, Some(std::sync::Arc::from(stack)));
+        };
+        alloc(&mut p, 0x1000, 100, 1, "s1");
+        alloc(&mut p, 0x2000, 300, 2, "s2");
+        alloc(&mut p, 0x3000, 200, 3, "s3");
+        let fail = Call::HalAlloc {
+            size: 999,
+            flag: 1 << 10,
+            ret: 6,
+            addr: None,
+        };
+        let rows = p.apply(
+            &ev(1, fail.clone()),
+            5_000,
+            &o,
+            Some(std::sync::Arc::from("oom-stack")),
+        );
+        let kinds: Vec<_> = rows
+            .iter()
+            .map(|r| (r.event_type, r.name.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("OOM_TRIGGER", "OOM_Trigger"),
+                ("OOM_RECENT_ALLOC", "OOM_RecentAlloc"),
+                ("OOM_RECENT_ALLOC", "OOM_RecentAlloc"),
+                ("OOM_TOP_ALLOC", "OOM_TopAlloc"),
+                ("OOM_TOP_ALLOC", "OOM_TopAlloc"),
+            ]
+        );
+        assert_eq!(
+            rows[0].attr,
+            format!("func:halMemAlloc,req_size:999,flag:{}", 1 << 10)
+        );
+        assert_eq!(rows[0].c_stack.as_deref(), Some("oom-stack"));
+        // Most recent first: 0x3000 then 0x2000; largest first: 0x2000 then 0x3000.
+        assert_eq!(
+            rows[1].attr,
+            "pool:HAL,ptr:0x0000000000003000,size:200,timestamp:3"
+        );
+        assert_eq!(
+            rows[2].attr,
+            "pool:HAL,ptr:0x0000000000002000,size:300,timestamp:2"
+        );
+        assert_eq!(
+            rows[3].attr,
+            "pool:HAL,ptr:0x0000000000002000,size:300,timestamp:2"
+        );
+        assert_eq!(
+            rows[4].attr,
+            "pool:HAL,ptr:0x0000000000003000,size:200,timestamp:3"
+        );
+        assert_eq!(
+            rows[1].c_stack.as_deref(),
+            Some("s3"),
+            "the allocation's stack"
+        );
+        // Within 2 s: only the trigger; after: the details again.
+        assert_eq!(
+            p.apply(&ev(1, fail.clone()), 1_000_000_000, &o, None).len(),
+            1
+        );
+        assert_eq!(p.apply(&ev(1, fail), 2_000_005_000, &o, None).len(), 5);
+        assert_eq!(p.stats.ooms, 3);
+        // Other failures are not OOM.
+        let other = Call::HalAlloc {
+            size: 1,
+            flag: 0,
+            ret: 1,
+            addr: None,
+        };
+        assert!(p.apply(&ev(1, other), 9_000_000_000, &o, None).is_empty());
     }
 }

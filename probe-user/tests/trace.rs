@@ -741,3 +741,122 @@ fn sigkilled_tracer_leaves_a_valid_database_up_to_its_last_commit() {
         );
     }
 }
+
+#[test]
+fn out_of_memory_gives_the_trigger_and_the_top_k_live_blocks() {
+    if !require_root("out_of_memory_gives_the_trigger_and_the_top_k_live_blocks") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("oom");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    // 6 MiB of simulated device memory: in each step the 3 MiB and 4 MiB requests fail with
+    // DRV_ERROR_OUT_OF_MEMORY while the 1 MiB and 2 MiB blocks are live.
+    let out = Command::new(TRACER)
+        .args([
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--analysis=oom:3",
+            "--call-stack=c:8",
+            "--",
+        ])
+        .arg(bin("workload"))
+        .args([
+            "--steps",
+            "2",
+            "--allocs",
+            "4",
+            "--leaks",
+            "1",
+            "--log",
+            log.to_str().unwrap(),
+        ])
+        .env("SIM_HAL_DEVICE_MEM_BYTES", "6291456")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let failures: Vec<(u64, u64)> = stderr
+        .lines()
+        .filter(|l| l.starts_with("workload: halMemAlloc(") && l.ends_with(") = 6"))
+        .map(|l| {
+            let size = l
+                .split("size=")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let flag = u64::from_str_radix(
+                l.split("flag=0x")
+                    .nth(1)
+                    .unwrap()
+                    .split(')')
+                    .next()
+                    .unwrap(),
+                16,
+            )
+            .unwrap();
+            (size, flag)
+        })
+        .collect();
+    assert_eq!(failures.len(), 4, "{stderr}");
+    let gt = parse_log(&log);
+    let text = fs::read_to_string(
+        &find_files(&process_dir(&out_dir, gt.pid).unwrap(), "memscope_dump_")[0],
+    )
+    .unwrap();
+    let rows = parse_dump_records(&text);
+    let triggers: Vec<_> = rows.iter().filter(|r| r[2] == "OOM_TRIGGER").collect();
+    assert_eq!(triggers.len(), failures.len());
+    for (t, (size, flag)) in triggers.iter().zip(&failures) {
+        assert_eq!(t[1], "OOM_DETAIL");
+        assert_eq!(t[3], "OOM_Trigger");
+        assert_eq!(
+            t[9],
+            format!("{{func:halMemAlloc,req_size:{size},flag:{flag}}}")
+        );
+        assert!(
+            t[11].contains("do_alloc"),
+            "the trigger carries the failing call's stack: {}",
+            t[11]
+        );
+    }
+    // Details once per 2 s: after the first trigger only (the run is far shorter). The live
+    // blocks then are the 1 MiB and 2 MiB ones of step 1, so K=3 lists two of each kind.
+    let recent: Vec<_> = rows.iter().filter(|r| r[2] == "OOM_RECENT_ALLOC").collect();
+    let top: Vec<_> = rows.iter().filter(|r| r[2] == "OOM_TOP_ALLOC").collect();
+    assert_eq!((recent.len(), top.len()), (2, 2));
+    let step1: Vec<_> = gt
+        .of("MALLOC")
+        .into_iter()
+        .filter(|b| b.step == 1)
+        .take(2)
+        .collect();
+    let attr = |b: &GtBlock| format!("pool:HAL,ptr:0x{:016x},size:{}", b.addr, b.size);
+    assert!(
+        recent[0][9].starts_with(&format!("{{{}", attr(&step1[1]))),
+        "{:?}",
+        recent[0]
+    );
+    assert!(
+        recent[1][9].starts_with(&format!("{{{}", attr(&step1[0]))),
+        "{:?}",
+        recent[1]
+    );
+    assert!(
+        top[0][9].starts_with(&format!("{{{}", attr(&step1[1]))),
+        "largest first"
+    );
+    assert!(
+        top[0][11].contains("do_alloc"),
+        "a listed block carries its allocation's stack"
+    );
+    assert!(
+        stderr.contains("4 allocation(s) failed for lack of device memory"),
+        "{stderr}"
+    );
+}

@@ -226,6 +226,7 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
                     step: 0,
                     module_id,
                     page_type,
+                    stack: None,
                 })
             }
             "FREE" if is_hal(&row) => Ev::Free {

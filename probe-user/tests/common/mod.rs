@@ -420,3 +420,33 @@ impl Background {
         (status.code(), self.seen.join("\n"))
     }
 }
+
+/// Splits a whole CSV text into records of fields, honouring quotes (fields may hold commas,
+/// doubled quotes and newlines, as the stack column does). The header is skipped.
+pub fn parse_dump_records(text: &str) -> Vec<Vec<String>> {
+    let mut records = Vec::new();
+    let mut fields = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut cur)),
+            '\n' if !quoted => {
+                fields.push(std::mem::take(&mut cur));
+                records.push(std::mem::take(&mut fields));
+            }
+            _ => cur.push(c),
+        }
+    }
+    if !cur.is_empty() || !fields.is_empty() {
+        fields.push(cur);
+        records.push(fields);
+    }
+    records.into_iter().skip(1).collect()
+}
