@@ -92,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         steps: StepFilter::default(),
         step_analyses: true,
         oom_top_k: None,
+        decompose: false,
     };
     let mut state = ProcessState::new(pid);
     let mut out = match args.writer.as_str() {

@@ -83,10 +83,7 @@ fn run(opts: Options) -> Result<u8> {
             "--call-stack=python",
         ),
         (opts.watch.is_some(), "--watch"),
-        (
-            opts.analysis.decompose || opts.analysis.inefficient,
-            "--analysis=decompose|inefficient",
-        ),
+        (opts.analysis.inefficient, "--analysis=inefficient"),
     ] {
         if given {
             log::warn(&format!(
@@ -200,6 +197,7 @@ fn run(opts: Options) -> Result<u8> {
             steps: StepFilter::new(&opts.steps),
             step_analyses: opts.analysis.leaks && opts.steps.is_empty(),
             oom_top_k: opts.analysis.oom_top_k,
+            decompose: opts.analysis.decompose,
         },
         leaks: opts.analysis.leaks,
         child,

@@ -441,6 +441,22 @@ impl Session {
                 Err(e) => log::error(&format!("cannot write the leak report of pid {pid}: {e:#}")),
             }
         }
+        if self.cfg.track.decompose && !t.state.decompose.is_empty() {
+            match t.state.decompose.write_csv(&mut t.out) {
+                Ok(path) => {
+                    log::info(&format!(
+                        "pid {pid}: memory by owner (decompose), per step in {}",
+                        path.display()
+                    ));
+                    for line in t.state.decompose.report().lines() {
+                        log::info(&format!("  {line}"));
+                    }
+                }
+                Err(e) => log::error(&format!(
+                    "cannot write the decompose report of pid {pid}: {e:#}"
+                )),
+            }
+        }
         if let Err(e) = t.out.finish() {
             log::error(&format!("{e:#}"));
         }

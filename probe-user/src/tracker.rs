@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 
 use crate::{
-    analysis::steps::{Gaps, LiveBlock, StepLeaks},
+    analysis::{
+        decompose::Decompose,
+        steps::{Gaps, LiveBlock, StepLeaks},
+    },
     cli::{DeviceFilter, EventSet},
     decode::{Call, CallEvent},
     hal::{self, AllocFlag, DEVICE_CPU, MemType, PageType},
@@ -49,6 +52,20 @@ pub struct Block {
     pub page_type: PageType,
     /// The C stack of the allocation (`--call-stack=c`), for the OOM report.
     pub stack: Option<std::sync::Arc<str>>,
+}
+
+impl Block {
+    /// The decompose label of the block (spec §2.7): `CANN@<module>` for driver memory (by the
+    /// module of the allocation flag, or of `drv_mem_prop`), the pool for pool regions.
+    pub fn owner(&self) -> String {
+        match self.kind {
+            BlockKind::Pool(PoolKind::PtaCaching) => "PTA".into(),
+            BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE".into(),
+            BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE".into(),
+            BlockKind::Pool(PoolKind::Atb) => "ATB".into(),
+            _ => format!("CANN@{}", module_label(self.module_id)),
+        }
+    }
 }
 
 /// Counts kept per process for the summary.
@@ -117,6 +134,7 @@ pub struct ProcessState {
     gaps: Gaps,
     /// Findings of the step analyses, for the caller to log.
     pub messages: Vec<String>,
+    pub decompose: Decompose,
     /// The stack of the call being applied (set by `apply`).
     current_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
@@ -160,6 +178,8 @@ pub struct TrackOptions {
     /// `--analysis=oom[:K]`: on an out-of-memory failure, report the K most recent and the K
     /// largest live blocks.
     pub oom_top_k: Option<u32>,
+    /// `--analysis=decompose`: owners in the MALLOC Attr and the per-owner breakdown.
+    pub decompose: bool,
 }
 
 /// `DRV_ERROR_OUT_OF_MEMORY`.
@@ -495,6 +515,9 @@ impl ProcessState {
                     if opts.step_analyses {
                         self.step_ended();
                     }
+                    if opts.decompose {
+                        self.decompose.on_step_end(self.step);
+                    }
                 }
             }
             Call::DomainCreate { name, handle } => self.pools.domain_created(name, *handle),
@@ -559,9 +582,20 @@ impl ProcessState {
             if opts.dump.free {
                 rows.push(self.pool_row("FREE", &old, old.tid, ts_ns, c));
             }
+            if opts.decompose {
+                self.decompose.on_free(&old.owner(), old.size);
+            }
+        }
+        if opts.decompose {
+            self.decompose.on_alloc(&block.owner(), block.size);
         }
         if opts.dump.alloc {
-            rows.push(self.pool_row("MALLOC", &block, tid, ts_ns, c));
+            let mut row = self.pool_row("MALLOC", &block, tid, ts_ns, c);
+            if opts.decompose {
+                row.attr.push_str(",owner:");
+                row.attr.push_str(&block.owner());
+            }
+            rows.push(row);
         }
     }
 
@@ -581,6 +615,9 @@ impl ProcessState {
             return;
         };
         self.stats.pool_frees += 1;
+        if opts.decompose {
+            self.decompose.on_free(&block.owner(), block.size);
+        }
         if opts.dump.free {
             rows.push(self.pool_row("FREE", &block, tid, ts_ns, c));
         }
@@ -711,8 +748,15 @@ impl ProcessState {
             self.free_row(&old, old.tid, ts_ns, opts, rows);
         }
         *self.used.entry(block.device).or_default() += block.size;
+        if opts.decompose {
+            self.decompose.on_alloc(&block.owner(), block.size);
+        }
         if opts.dump.alloc {
-            rows.push(self.memory_row("MALLOC", &block, block.tid, ts_ns, true));
+            let mut row = self.memory_row("MALLOC", &block, block.tid, ts_ns, true);
+            if opts.decompose {
+                add_owner(&mut row.attr, &block.owner());
+            }
+            rows.push(row);
         }
         let table = if handle {
             &mut self.live_handles
@@ -732,6 +776,9 @@ impl ProcessState {
     ) {
         let used = self.used.entry(block.device).or_default();
         *used = used.saturating_sub(block.size);
+        if opts.decompose {
+            self.decompose.on_free(&block.owner(), block.size);
+        }
         if opts.dump.free {
             rows.push(self.memory_row("FREE", block, tid, ts_ns, false));
         }
@@ -795,6 +842,16 @@ impl ProcessState {
     }
 }
 
+/// Puts `owner:<o>` where msMemScope writes it: after `used` (before `page_type` on driver
+/// MALLOC rows), else at the end.
+fn add_owner(attr: &mut String, owner: &str) {
+    let entry = format!(",owner:{owner}");
+    match attr.find(",page_type:") {
+        Some(at) => attr.insert_str(at, &entry),
+        None => attr.push_str(&entry),
+    }
+}
+
 /// msMemScope blanks messages that a spreadsheet would run as a formula.
 fn guard_formula(text: &str) -> String {
     if text.starts_with(['=', '+', '-', '@']) {
@@ -830,6 +887,7 @@ mod tests {
             steps: StepFilter::default(),
             step_analyses: true,
             oom_top_k: Some(2),
+            decompose: false,
         }
     }
 
@@ -1307,5 +1365,84 @@ mod tests {
             addr: None,
         };
         assert!(p.apply(&ev(1, other), 9_000_000_000, &o, None).is_empty());
+    }
+
+    #[test]
+    fn decompose_labels_owners_and_adds_up_per_layer() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.decompose = true;
+        let hal = |flag: u64, size, addr| Call::HalAlloc {
+            size,
+            flag,
+            ret: 0,
+            addr: Some(addr),
+        };
+        let r = p.apply(
+            &ev(1, hal((1 << 10) | (3u64 << 56), 4096, 0x10)),
+            1,
+            &o,
+            None,
+        );
+        assert!(
+            r[0].attr
+                .contains(",used:4096,owner:CANN@HCCL,page_type:normal"),
+            "{}",
+            r[0].attr
+        );
+        p.apply(
+            &ev(1, hal((1 << 10) | (200u64 << 56), 100, 0x20)),
+            2,
+            &o,
+            None,
+        );
+        p.apply(
+            &ev(
+                1,
+                Call::DomainCreate {
+                    name: "ptaCaching".into(),
+                    handle: 7,
+                },
+            ),
+            3,
+            &o,
+            None,
+        );
+        let region = crate::decode::RegionDesc {
+            device: 0,
+            ptr: 0x10,
+            size: 1000,
+            handle: 0,
+        };
+        let r = p.apply(
+            &ev(
+                1,
+                Call::RegionsRegister {
+                    domain: 7,
+                    regions: vec![region],
+                    first: 0,
+                    total: 1,
+                },
+            ),
+            4,
+            &o,
+            None,
+        );
+        assert!(r[0].attr.ends_with(",owner:PTA"), "{}", r[0].attr);
+        p.apply(&ev(1, Call::HalFree { addr: 0x20, ret: 0 }), 5, &o, None);
+        let owners = p.decompose.owners();
+        assert_eq!(owners["CANN@HCCL"].current, 4096);
+        assert_eq!(
+            (owners["CANN@UNKNOWN"].current, owners["CANN@UNKNOWN"].peak),
+            (0, 100)
+        );
+        assert_eq!(owners["PTA"].current, 1000);
+        // Each layer adds up: driver owners to the live driver blocks, pools to their regions.
+        let driver: u64 = owners
+            .iter()
+            .filter(|(k, _)| k.starts_with("CANN@"))
+            .map(|(_, v)| v.current)
+            .sum();
+        assert_eq!(driver, p.live_blocks().iter().map(|b| b.size).sum::<u64>());
     }
 }

@@ -263,3 +263,67 @@ fn offline_analyze_replays_the_pool_step_analyses() {
         "{offline}"
     );
 }
+
+#[test]
+fn decompose_totals_add_up_to_the_live_memory_at_every_step() {
+    if !require_root("decompose_totals_add_up_to_the_live_memory_at_every_step") {
+        return;
+    }
+    let _serial = serial();
+    let (out_dir, pid, stderr, log) = trace_pool("pta", &["--analysis=leaks,decompose"]);
+    // Live bytes at each step end, from the workload's own log: driver blocks (the pool's
+    // segments) and pool regions.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (mut hal, mut regions, mut at_step_end) = (0i64, 0i64, Vec::new());
+    for l in text.lines() {
+        let size = |l: &str| -> i64 {
+            l.split("size=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        match l.split(' ').next().unwrap() {
+            "MALLOC" => hal += size(l),
+            "FREE" => hal -= size(l),
+            "REGION_MALLOC" => regions += size(l),
+            "REGION_FREE" => regions -= size(l),
+            "RANGE_END" => at_step_end.push((hal, regions)),
+            _ => {}
+        }
+    }
+    assert_eq!(at_step_end.len(), 3);
+    let pdir = process_dir(&out_dir, pid).unwrap();
+    let csv = std::fs::read_to_string(&find_files(&pdir, "decompose_")[0]).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("Step,Owner,Current(byte),Peak(byte)"));
+    let mut per_step: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for l in lines {
+        let c: Vec<&str> = l.split(',').collect();
+        let bytes: i64 = c[2].parse().unwrap();
+        let e = per_step.entry(c[0].to_string()).or_default();
+        if c[1].starts_with("CANN@") {
+            e.0 += bytes;
+        } else {
+            assert_eq!(c[1], "PTA");
+            e.1 += bytes;
+        }
+    }
+    for (i, want) in at_step_end.iter().enumerate() {
+        assert_eq!(per_step[&(i + 1).to_string()], *want, "step {}", i + 1);
+    }
+    // Every MALLOC row names its owner; the summary shows the breakdown.
+    let rows = rows_of(&out_dir, pid);
+    for r in rows.iter().filter(|r| r.event == "MALLOC") {
+        let want = if r.event_type == "HAL" {
+            "CANN@APP"
+        } else {
+            "PTA"
+        };
+        assert_eq!(r.attr["owner"], want);
+    }
+    assert!(stderr.contains("memory by owner (decompose)"), "{stderr}");
+}

@@ -1,4 +1,5 @@
 //! Analyses run in user space over the tracked state.
 
+pub mod decompose;
 pub mod leaks;
 pub mod steps;

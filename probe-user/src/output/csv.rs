@@ -249,6 +249,12 @@ impl ProcessOutput {
     }
 
     /// `<process dir>/<rel>`, created on demand (with the process directory and config.json).
+    /// The process directory, created (with config.json) if needed.
+    pub fn ensure_dir(&mut self) -> Result<PathBuf> {
+        self.ensure_process_dir()?;
+        Ok(self.process_dir.clone())
+    }
+
     pub fn subdir(&mut self, rel: &str) -> Result<PathBuf> {
         self.ensure_process_dir()?;
         let dir = self.process_dir.join(rel);
