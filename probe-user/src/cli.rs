@@ -37,7 +37,7 @@ pub const MAX_OOM_TOP_K: u32 = 1000;
 /// At most this many `--steps` values (`SelectedStepList.stepIdList[5]`).
 pub const MAX_STEPS: usize = 5;
 /// Default BPF ring buffer size in MiB.
-pub const DEFAULT_RING_BUFFER_MIB: u32 = 16;
+pub const DEFAULT_RING_BUFFER_MIB: u32 = 64;
 /// Largest accepted BPF ring buffer size in MiB.
 pub const MAX_RING_BUFFER_MIB: u32 = 1024;
 /// Largest accepted `--compare` input file (8 GiB).
@@ -471,7 +471,7 @@ WHAT TO COLLECT:
         --collect-mode <MODE>       immediate | deferred [default: immediate]
         --watch <SPEC>              [START[:OUTID]],END[,full-content]: watch the outputs of
                                     op START until op END (the comma before END is required)
-        --ring-buffer-mib <N>       BPF ring buffer size, a power of two 1..=1024 [default: 16]
+        --ring-buffer-mib <N>       BPF ring buffer size, a power of two 1..=1024 [default: 64]
 
 ANALYSIS:
         --analysis <LIST>           leaks | decompose | inefficient | oom[:K] | none
@@ -1956,7 +1956,7 @@ mod tests {
         assert_eq!(o.watch, None);
         assert_eq!(o.log_level, LogLevel::Info);
         assert!(o.libs.is_empty());
-        assert_eq!(o.ring_buffer_mib, 16);
+        assert_eq!(o.ring_buffer_mib, 64);
         assert!(o.warnings.is_empty());
     }
 
