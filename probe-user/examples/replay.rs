@@ -93,6 +93,8 @@ fn main() -> anyhow::Result<()> {
         step_analyses: true,
         oom_top_k: None,
         decompose: false,
+        inefficient: false,
+        write_op_launch: false,
     };
     let mut state = ProcessState::new(pid);
     let mut out = match args.writer.as_str() {

@@ -83,7 +83,7 @@ fn run(opts: Options) -> Result<u8> {
             "--call-stack=python",
         ),
         (opts.watch.is_some(), "--watch"),
-        (opts.analysis.inefficient, "--analysis=inefficient"),
+        (opts.levels.kernel, "--level=kernel (kernel launch rows)"),
     ] {
         if given {
             log::warn(&format!(
@@ -198,6 +198,8 @@ fn run(opts: Options) -> Result<u8> {
             step_analyses: opts.analysis.leaks && opts.steps.is_empty(),
             oom_top_k: opts.analysis.oom_top_k,
             decompose: opts.analysis.decompose,
+            inefficient: opts.analysis.inefficient,
+            write_op_launch: opts.dump_events.launch && opts.levels.op,
         },
         leaks: opts.analysis.leaks,
         child,

@@ -441,6 +441,29 @@ impl Session {
                 Err(e) => log::error(&format!("cannot write the leak report of pid {pid}: {e:#}")),
             }
         }
+        if self.cfg.track.inefficient {
+            let flagged = t.state.inefficient_blocks();
+            if !flagged.is_empty() {
+                let mut per_type = std::collections::BTreeMap::<&str, usize>::new();
+                for (_, types) in &flagged {
+                    for ty in types.split(',') {
+                        *per_type.entry(ty).or_default() += 1;
+                    }
+                }
+                let counts: Vec<String> =
+                    per_type.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                log::info(&format!(
+                    "pid {pid}: inefficient memory: {} block(s): {}",
+                    flagged.len(),
+                    counts.join(", ")
+                ));
+                if let Err(e) = write_inefficient_csv(&mut t.out, pid, &flagged) {
+                    log::error(&format!(
+                        "cannot write the inefficient report of pid {pid}: {e:#}"
+                    ));
+                }
+            }
+        }
         if self.cfg.track.decompose && !t.state.decompose.is_empty() {
             match t.state.decompose.write_csv(&mut t.out) {
                 Ok(path) => {
@@ -526,6 +549,27 @@ fn raise_consumer_priority() {
             log::debug("could not raise the ring consumer's priority (needs CAP_SYS_NICE)");
         }
     }
+}
+
+/// `inefficient_<ts>.csv` in the process directory: every flagged block, with its types.
+fn write_inefficient_csv(
+    out: &mut ProcessOutput,
+    pid: u32,
+    flagged: &[(u64, String)],
+) -> Result<()> {
+    use std::io::Write;
+    let dir = out.ensure_dir()?;
+    let path = dir.join(format!(
+        "inefficient_{}.csv",
+        crate::output::local_timestamp()
+    ));
+    let mut f = std::io::BufWriter::new(crate::output::fsutil::create_file_secure(&path)?);
+    writeln!(f, "Process Id,Allocation Id,Inefficient Type")?;
+    for (id, types) in flagged {
+        writeln!(f, "{pid},{id},\"{types}\"")?;
+    }
+    f.flush()?;
+    Ok(())
 }
 
 /// True while `/proc/PID` exists and is not a zombie.

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use crate::{
     analysis::{
         decompose::Decompose,
+        inefficient::{self, InefficientAnalyzer, MemEvent},
         steps::{Gaps, LiveBlock, StepLeaks},
     },
     cli::{DeviceFilter, EventSet},
@@ -92,6 +93,10 @@ pub struct ProcessStats {
     pub pool_unmatched: u64,
     /// Allocations that failed for lack of device memory (`DRV_ERROR_OUT_OF_MEMORY`).
     pub ooms: u64,
+    pub ops: u64,
+    pub accesses: u64,
+    /// ATen accesses to an address inside no known pool block.
+    pub unmatched_accesses: u64,
 }
 
 /// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
@@ -135,6 +140,12 @@ pub struct ProcessState {
     /// Findings of the step analyses, for the caller to log.
     pub messages: Vec<String>,
     pub decompose: Decompose,
+    pub inefficient: InefficientAnalyzer,
+    /// Start address -> key of the live PTA caching blocks (accesses find theirs by
+    /// containment).
+    pta_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// The operator an ATen access belongs to.
+    current_op: Option<String>,
     /// The stack of the call being applied (set by `apply`).
     current_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
@@ -180,6 +191,10 @@ pub struct TrackOptions {
     pub oom_top_k: Option<u32>,
     /// `--analysis=decompose`: owners in the MALLOC Attr and the per-owner breakdown.
     pub decompose: bool,
+    /// `--analysis=inefficient`: classify pool blocks by operator boundaries and accesses.
+    pub inefficient: bool,
+    /// Write OP_LAUNCH rows (`--level` has op and `--events` has launch).
+    pub write_op_launch: bool,
 }
 
 /// `DRV_ERROR_OUT_OF_MEMORY`.
@@ -479,6 +494,11 @@ impl ProcessState {
                     self.thread_device.insert(ev.tid, *device as u32);
                 }
             }
+            Call::Mark { text } if text.starts_with("memscope-aten-") => {
+                self.aten_mark(text, ev.tid, ts_ns, opts, &mut rows);
+            }
+            // Marks for the NPU sanitizer are never MSTX rows (msMemScope routes them away).
+            Call::Mark { text } if text.starts_with("sanitizer-op:") => {}
             Call::Mark { text } => {
                 self.stats.marks += 1;
                 if let Some(device) = self.mstx_device(ev.tid, opts) {
@@ -576,6 +596,13 @@ impl ProcessState {
             u32::MAX,
             PageType::Normal,
         );
+        if c.pool == PoolKind::PtaCaching {
+            self.pta_by_addr.insert(c.addr, c.addr);
+            if opts.inefficient {
+                self.inefficient
+                    .event(block.allocation_id, MemEvent::Malloc);
+            }
+        }
         if let Some(old) = self.pool_blocks.insert((c.pool, c.addr), block.clone()) {
             // Registered twice without an unregister in between: close the old one.
             self.stats.double_mallocs += 1;
@@ -618,9 +645,161 @@ impl ProcessState {
         if opts.decompose {
             self.decompose.on_free(&block.owner(), block.size);
         }
-        if opts.dump.free {
-            rows.push(self.pool_row("FREE", &block, tid, ts_ns, c));
+        let mut found = String::new();
+        if c.pool == PoolKind::PtaCaching {
+            self.pta_by_addr.remove(&c.addr);
+            if opts.inefficient {
+                found = inefficient::attr_value(
+                    self.inefficient.event(block.allocation_id, MemEvent::Free),
+                );
+            }
         }
+        if opts.dump.free {
+            let mut row = self.pool_row("FREE", &block, tid, ts_ns, c);
+            // The MALLOC row was written before the block's accesses were known: the
+            // classification goes on its FREE row (and into the summary).
+            if !found.is_empty() {
+                row.attr.push_str(",inefficient_type:");
+                row.attr.push_str(&found);
+            }
+            rows.push(row);
+        }
+    }
+
+    /// The ATen operator protocol of msMemScope's Python collector (spec §1.7): begin and end
+    /// marks become OP_LAUNCH rows, access marks ACCESS rows on the PTA block they touch.
+    fn aten_mark(
+        &mut self,
+        text: &str,
+        tid: u32,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        let rest = &text["memscope-aten-".len()..];
+        let field = |body: &str, key: &str| -> Option<String> {
+            body.split(';')
+                .find_map(|kv| {
+                    kv.trim()
+                        .strip_prefix(key)
+                        .and_then(|v| v.strip_prefix('='))
+                })
+                .map(|v| v.trim_end_matches('}').to_string())
+        };
+        let pid = self.pid;
+        let op_row = move |event_type: &'static str, name: String, device: DeviceKey| Row {
+            event: "OP_LAUNCH",
+            event_type,
+            name,
+            ts_ns,
+            pid,
+            tid,
+            device,
+            ptr: None,
+            attr: String::new(),
+            c_stack: None,
+        };
+        if let Some(body) = rest.strip_prefix("b:") {
+            let name = field(body, "name").unwrap_or_default();
+            self.stats.ops += 1;
+            if opts.inefficient {
+                self.inefficient.op_start();
+            }
+            self.current_op = Some(name.clone());
+            if opts.write_op_launch
+                && let Some(device) = self.mstx_device(tid, opts)
+            {
+                rows.push(op_row("ATEN_START", name, device));
+            }
+        } else if let Some(body) = rest.strip_prefix("e:") {
+            let name = field(body, "name").unwrap_or_default();
+            if opts.inefficient {
+                self.inefficient.op_end();
+            }
+            self.current_op = None;
+            if opts.write_op_launch
+                && let Some(device) = self.mstx_device(tid, opts)
+            {
+                rows.push(op_row("ATEN_END", name, device));
+            }
+        } else if let Some(body) = rest.strip_prefix("ac:") {
+            let Some(ptr) = field(body, "ptr")
+                .and_then(|p| parse_int(&p))
+                .filter(|p| *p != 0)
+            else {
+                return;
+            };
+            let flag = |k| field(body, k).as_deref() == Some("True");
+            let kind = match (flag("is_write"), flag("is_read")) {
+                (false, false) => "UNKNOWN",
+                (true, _) => "WRITE",
+                _ => "READ",
+            };
+            let name = field(body, "name")
+                .or_else(|| self.current_op.clone())
+                .unwrap_or_default();
+            let tensor_size = field(body, "tensor_size")
+                .and_then(|s| parse_int(&s))
+                .unwrap_or(1);
+            self.stats.accesses += 1;
+            // The live PTA block that contains the accessed range.
+            let block = self
+                .pta_by_addr
+                .range(..=ptr)
+                .next_back()
+                .and_then(|(_, key)| self.pool_blocks.get(&(PoolKind::PtaCaching, *key)))
+                .filter(|b| ptr + tensor_size.max(1) <= b.addr + b.size)
+                .cloned();
+            let Some(block) = block else {
+                self.stats.unmatched_accesses += 1;
+                return;
+            };
+            if opts.inefficient {
+                self.inefficient
+                    .event(block.allocation_id, MemEvent::Access);
+            }
+            let device = match field(body, "device")
+                .and_then(|d| d.strip_prefix("npu:").and_then(|n| n.parse().ok()))
+            {
+                Some(d) => DeviceKey::Npu(d),
+                None => DeviceKey::from_id(block.device),
+            };
+            if !opts.dump.access || !self.wants_device(opts, block.device) {
+                return;
+            }
+            let mut attr = format!(
+                "allocation_id:{},addr:0x{:016x},size:{},type:PTA",
+                block.allocation_id, block.addr, block.size
+            );
+            for key in ["dtype", "shape"] {
+                if let Some(v) = field(body, key) {
+                    attr.push_str(&format!(",{key}:{v}"));
+                }
+            }
+            rows.push(Row {
+                event: "ACCESS",
+                event_type: kind,
+                name,
+                ts_ns,
+                pid: self.pid,
+                tid,
+                device,
+                ptr: Some(ptr),
+                attr,
+                c_stack: None,
+            });
+        }
+    }
+
+    /// Blocks the inefficient analysis flagged: (allocation id, addr, size, types).
+    pub fn inefficient_blocks(&self) -> Vec<(u64, String)> {
+        let mut v: Vec<(u64, String)> = self
+            .inefficient
+            .flagged()
+            .map(|(id, f)| (id, inefficient::attr_value(f)))
+            .collect();
+        v.sort();
+        v
     }
 
     fn pool_row(
@@ -852,6 +1031,15 @@ fn add_owner(attr: &mut String, owner: &str) {
     }
 }
 
+/// Decimal (as Python prints an int) or `0x` hex.
+fn parse_int(s: &str) -> Option<u64> {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 /// msMemScope blanks messages that a spreadsheet would run as a formula.
 fn guard_formula(text: &str) -> String {
     if text.starts_with(['=', '+', '-', '@']) {
@@ -888,6 +1076,8 @@ mod tests {
             step_analyses: true,
             oom_top_k: Some(2),
             decompose: false,
+            inefficient: true,
+            write_op_launch: true,
         }
     }
 
@@ -1444,5 +1634,109 @@ mod tests {
             .map(|(_, v)| v.current)
             .sum();
         assert_eq!(driver, p.live_blocks().iter().map(|b| b.size).sum::<u64>());
+    }
+
+    #[test]
+    fn aten_marks_give_op_and_access_rows_and_feed_inefficient() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.dump.access = true;
+        let mark = |p: &mut ProcessState, t: &str| {
+            p.apply(&ev(1, Call::Mark { text: t.into() }), 1, &o, None)
+        };
+        let region = |ptr, size| crate::decode::RegionDesc {
+            device: 0,
+            ptr,
+            size,
+            handle: 0,
+        };
+        let reg = |p: &mut ProcessState, ptr, size| {
+            p.apply(
+                &ev(
+                    1,
+                    Call::RegionsRegister {
+                        domain: 7,
+                        regions: vec![region(ptr, size)],
+                        first: 0,
+                        total: 1,
+                    },
+                ),
+                1,
+                &o,
+                None,
+            )
+        };
+        let unreg = |p: &mut ProcessState, ptr| {
+            p.apply(
+                &ev(
+                    1,
+                    Call::RegionsUnregister {
+                        domain: 7,
+                        refs: vec![crate::decode::RegionRef::Pointer(ptr)],
+                        first: 0,
+                        total: 1,
+                    },
+                ),
+                1,
+                &o,
+                None,
+            )
+        };
+        p.apply(
+            &ev(
+                1,
+                Call::DomainCreate {
+                    name: "ptaCaching".into(),
+                    handle: 7,
+                },
+            ),
+            1,
+            &o,
+            None,
+        );
+        let b = "memscope-aten-b: name=torch._ops.aten.addmm.default";
+        let e = "memscope-aten-e: name=torch._ops.aten.addmm.default";
+        let ac = |ptr: u64, w: &str| {
+            format!(
+                "memscope-aten-ac:ptr={ptr};is_write={w};is_read=True;is_output=False;name=torch._ops.aten.addmm.default;shape=torch.Size([2, 4]);dtype=torch.float16;tensor_size=16;device=npu:0"
+            )
+        };
+        // op 1 allocates blocks A (0x1000) and B (0x2000) and uses B.
+        let r = mark(&mut p, b);
+        assert_eq!(
+            (r[0].event, r[0].event_type, r[0].name.as_str()),
+            ("OP_LAUNCH", "ATEN_START", "torch._ops.aten.addmm.default")
+        );
+        reg(&mut p, 0x1000, 64);
+        reg(&mut p, 0x2000, 64);
+        let r = mark(&mut p, &ac(0x2000 + 8, "False"));
+        assert_eq!((r[0].event, r[0].event_type), ("ACCESS", "READ"));
+        assert_eq!(r[0].ptr, Some(0x2008));
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:2,addr:0x0000000000002000,size:64,type:PTA,dtype:torch.float16,shape:torch.Size([2, 4])"
+        );
+        assert_eq!(mark(&mut p, e)[0].event_type, "ATEN_END");
+        // op 2 frees B; op 3 first uses A: early allocation of A.
+        mark(&mut p, b);
+        unreg(&mut p, 0x2000);
+        mark(&mut p, e);
+        mark(&mut p, b);
+        assert_eq!(mark(&mut p, &ac(4096, "True"))[0].event_type, "WRITE");
+        mark(&mut p, e);
+        let r = unreg(&mut p, 0x1000);
+        assert!(
+            r[0].attr.ends_with(",inefficient_type:early_allocation"),
+            "{}",
+            r[0].attr
+        );
+        assert_eq!(
+            p.inefficient_blocks(),
+            vec![(1, "early_allocation".to_string())]
+        );
+        assert_eq!((p.stats.ops, p.stats.accesses, p.stats.marks), (3, 2, 0));
+        // An access outside every live block is counted, not written.
+        assert!(mark(&mut p, &ac(0x9000, "True")).is_empty());
+        assert_eq!(p.stats.unmatched_accesses, 1);
     }
 }
