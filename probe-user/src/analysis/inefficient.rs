@@ -168,11 +168,7 @@ impl InefficientAnalyzer {
             MemEvent::Free => self.free_api = api,
             MemEvent::Access => {}
         }
-        &self
-            .blocks
-            .get(&id)
-            .map(|h| h.found.as_slice())
-            .unwrap_or(&[])
+        self.found(id)
     }
 
     /// Classifications of a block (empty if none).
