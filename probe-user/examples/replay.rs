@@ -95,6 +95,7 @@ fn main() -> anyhow::Result<()> {
         decompose: false,
         inefficient: false,
         write_op_launch: false,
+        write_kernel_launch: false,
     };
     let mut state = ProcessState::new(pid);
     let mut out = match args.writer.as_str() {

@@ -58,6 +58,15 @@ pub enum Call {
     Exiting {
         stopped: bool,
     },
+    /// A kernel launch. `name` is the AICPU operator name, or filled in by the session for
+    /// stub-function launches (symbolized while the process is alive).
+    KernelLaunch {
+        api: ProbeId,
+        kernel: u64,
+        tiling_key: Option<u64>,
+        stream: u64,
+        name: Option<String>,
+    },
     /// `range`: the heap's `mstxMemVirtualRangeDesc_t`, when it could be read.
     HeapRegister {
         domain: u64,
@@ -314,6 +323,28 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ts_ns,
         ),
+        ProbeId::RtKernelLaunch
+        | ProbeId::RtKernelLaunchWithFlagV2
+        | ProbeId::RtKernelLaunchWithHandleV2
+        | ProbeId::RtAicpuKernelLaunchExWithArgs
+        | ProbeId::RtLaunchKernelByFuncHandle
+        | ProbeId::RtLaunchKernelByFuncHandleV2
+        | ProbeId::AclrtLaunchKernelWithConfig
+        | ProbeId::AclrtLaunchKernelWithHostArgs
+        | ProbeId::AclrtLaunchKernelImpl
+        | ProbeId::AclrtLaunchKernelV2Impl => {
+            let a = crate::probes::launch_args(id)?;
+            (
+                Call::KernelLaunch {
+                    api: id,
+                    kernel: raw.args[a.kernel_arg],
+                    tiling_key: (id == ProbeId::RtKernelLaunchWithHandleV2).then_some(raw.args[1]),
+                    stream: raw.args[a.stream_arg],
+                    name: (a.kernel == crate::probes::KernelRef::Name).then(text),
+                },
+                raw.ts_ns,
+            )
+        }
         // Batches arrive as CHUNK events; a CALL record of these is never emitted.
         ProbeId::MstxMemRegionsRegister | ProbeId::MstxMemRegionsUnregister => return None,
     };

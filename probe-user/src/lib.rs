@@ -12,6 +12,7 @@ pub mod bpf;
 pub mod cli;
 pub mod decode;
 pub mod hal;
+pub mod kernels;
 pub mod launch;
 pub mod log;
 pub mod offline;

@@ -83,7 +83,6 @@ fn run(opts: Options) -> Result<u8> {
             "--call-stack=python",
         ),
         (opts.watch.is_some(), "--watch"),
-        (opts.levels.kernel, "--level=kernel (kernel launch rows)"),
     ] {
         if given {
             log::warn(&format!(
@@ -200,6 +199,7 @@ fn run(opts: Options) -> Result<u8> {
             decompose: opts.analysis.decompose,
             inefficient: opts.analysis.inefficient,
             write_op_launch: opts.dump_events.launch && opts.levels.op,
+            write_kernel_launch: opts.dump_events.launch && opts.levels.kernel,
         },
         leaks: opts.analysis.leaks,
         child,

@@ -25,6 +25,16 @@ pub enum ProbeId {
     MstxMemRegionsRegister = 14,
     MstxMemRegionsUnregister = 15,
     LibcExit = 16,
+    RtKernelLaunch = 17,
+    RtKernelLaunchWithFlagV2 = 18,
+    RtKernelLaunchWithHandleV2 = 19,
+    RtAicpuKernelLaunchExWithArgs = 20,
+    RtLaunchKernelByFuncHandle = 21,
+    RtLaunchKernelByFuncHandleV2 = 22,
+    AclrtLaunchKernelWithConfig = 23,
+    AclrtLaunchKernelWithHostArgs = 24,
+    AclrtLaunchKernelImpl = 25,
+    AclrtLaunchKernelV2Impl = 26,
 }
 
 impl ProbeId {
@@ -60,8 +70,63 @@ impl ProbeDef {
 pub const HAL_LIBRARY: &str = "libascend_hal.so";
 pub const ACL_LIBRARY: &str = "libascendcl.so";
 pub const MSTX_LIBRARY: &str = "libms_tools_ext.so";
+pub const RUNTIME_LIBRARY: &str = "libruntime.so";
+pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
+pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
 /// Library names searched for ahead of time so they get probes before they are mapped.
-pub const KNOWN_LIBRARIES: [&str; 3] = [HAL_LIBRARY, ACL_LIBRARY, MSTX_LIBRARY];
+pub const KNOWN_LIBRARIES: [&str; 6] = [
+    HAL_LIBRARY,
+    ACL_LIBRARY,
+    MSTX_LIBRARY,
+    RUNTIME_LIBRARY,
+    ACL_IMPL_LIBRARY,
+    ACL_RT_IMPL_LIBRARY,
+];
+
+/// Where a kernel launch entry point keeps what names the kernel and its stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchArgs {
+    /// The argument naming the kernel: a function address (stub), a handle, or (for AICPU) a
+    /// string copied into the event.
+    pub kernel_arg: usize,
+    pub kernel: KernelRef,
+    pub stream_arg: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelRef {
+    /// The address of the kernel's stub function: named by symbolizing it.
+    Function,
+    /// An opaque function handle (with a tiling key in `args[1]` for the V2 handle launch).
+    Handle,
+    /// A C string (the AICPU operator name).
+    Name,
+}
+
+/// The launch entry points (spec §1.4) and their arguments.
+pub fn launch_args(id: ProbeId) -> Option<LaunchArgs> {
+    use KernelRef::*;
+    let (kernel_arg, kernel, stream_arg) = match id {
+        ProbeId::RtKernelLaunch => (0, Function, 5),
+        ProbeId::RtKernelLaunchWithFlagV2 => (0, Function, 4),
+        ProbeId::RtKernelLaunchWithHandleV2 => (0, Handle, 5),
+        ProbeId::RtAicpuKernelLaunchExWithArgs => (1, Name, 5),
+        ProbeId::RtLaunchKernelByFuncHandle | ProbeId::RtLaunchKernelByFuncHandleV2 => {
+            (0, Handle, 3)
+        }
+        ProbeId::AclrtLaunchKernelWithConfig | ProbeId::AclrtLaunchKernelWithHostArgs => {
+            (0, Handle, 2)
+        }
+        ProbeId::AclrtLaunchKernelImpl => (0, Handle, 4),
+        ProbeId::AclrtLaunchKernelV2Impl => (0, Handle, 5),
+        _ => return None,
+    };
+    Some(LaunchArgs {
+        kernel_arg,
+        kernel,
+        stream_arg,
+    })
+}
 
 const NONE: ProbeSpec = ProbeSpec {
     flags: 0,
@@ -100,7 +165,16 @@ pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
 
-pub const PROBES: [ProbeDef; 16] = [
+const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDef {
+    ProbeDef {
+        id,
+        symbol,
+        home: Home::Library(lib),
+        spec: spec(0, 0, 0, 0),
+    }
+}
+
+pub const PROBES: [ProbeDef; 26] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -244,12 +318,62 @@ pub const PROBES: [ProbeDef; 16] = [
         home: Home::Library("libc.so.6"),
         spec: spec(sf::STOP_AT_ENTRY, 0, 0, 0),
     },
+    // Kernel launches (spec §1.4): entry probes; the kernel is named in user space.
+    launch(ProbeId::RtKernelLaunch, "rtKernelLaunch", RUNTIME_LIBRARY),
+    launch(
+        ProbeId::RtKernelLaunchWithFlagV2,
+        "rtKernelLaunchWithFlagV2",
+        RUNTIME_LIBRARY,
+    ),
+    launch(
+        ProbeId::RtKernelLaunchWithHandleV2,
+        "rtKernelLaunchWithHandleV2",
+        RUNTIME_LIBRARY,
+    ),
+    ProbeDef {
+        id: ProbeId::RtAicpuKernelLaunchExWithArgs,
+        symbol: "rtAicpuKernelLaunchExWithArgs",
+        home: Home::Library(RUNTIME_LIBRARY),
+        spec: spec(sf::DATA_IS_STRING, 1, 0, 0),
+    },
+    launch(
+        ProbeId::RtLaunchKernelByFuncHandle,
+        "rtLaunchKernelByFuncHandle",
+        RUNTIME_LIBRARY,
+    ),
+    launch(
+        ProbeId::RtLaunchKernelByFuncHandleV2,
+        "rtLaunchKernelByFuncHandleV2",
+        RUNTIME_LIBRARY,
+    ),
+    launch(
+        ProbeId::AclrtLaunchKernelWithConfig,
+        "aclrtLaunchKernelWithConfig",
+        ACL_LIBRARY,
+    ),
+    launch(
+        ProbeId::AclrtLaunchKernelWithHostArgs,
+        "aclrtLaunchKernelWithHostArgs",
+        ACL_LIBRARY,
+    ),
+    launch(
+        ProbeId::AclrtLaunchKernelImpl,
+        "aclrtLaunchKernelImpl",
+        ACL_IMPL_LIBRARY,
+    ),
+    launch(
+        ProbeId::AclrtLaunchKernelV2Impl,
+        "aclrtLaunchKernelV2Impl",
+        ACL_IMPL_LIBRARY,
+    ),
 ];
 
 /// The probes expected in a library of this file name (for "missing symbol" warnings).
 pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
     PROBES
         .iter()
+        // Launch entry points vary between CANN versions: a missing one is not worth a warning.
+        .filter(|p| launch_args(p.id).is_none())
         .filter(|p| match p.home {
             Home::Library(lib) => library_matches(file_name, lib),
             Home::AnyExporter => library_matches(file_name, MSTX_LIBRARY),

@@ -23,8 +23,10 @@ use crate::{
     cli::DataFormat,
     decode::{self, Decoded},
     decode::{Call, CallEvent},
+    kernels::KernelNames,
     launch, log,
     output::ProcessOutput,
+    probes::{KernelRef, launch_args},
     stacks::{self, StackResolver, StackSample},
     tracker::{ProcessState, ProcessStats, TrackOptions},
 };
@@ -112,6 +114,7 @@ pub struct Session {
     child_status: Option<i32>,
     stacks: Option<StackResolver>,
     pending_stacks: HashMap<u32, StackSample>,
+    kernel_names: KernelNames,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -144,6 +147,7 @@ impl Session {
             child_status: None,
             stacks: stack_depth.map(StackResolver::new),
             pending_stacks: HashMap::new(),
+            kernel_names: KernelNames::default(),
         }
     }
 
@@ -305,6 +309,7 @@ impl Session {
                     if let Some(r) = &mut self.stacks {
                         r.invalidate(*pid);
                     }
+                    self.kernel_names.invalidate(*pid);
                     let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
                     if *stopped {
                         log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
@@ -330,6 +335,22 @@ impl Session {
                     self.resume_if(*stopped, *pid);
                 }
                 Decoded::Call(_) | Decoded::Exit { .. } => {
+                    let mut ev = ev;
+                    if let Decoded::Call(CallEvent {
+                        pid,
+                        call:
+                            Call::KernelLaunch {
+                                api,
+                                kernel,
+                                name: name @ None,
+                                ..
+                            },
+                        ..
+                    }) = &mut ev
+                        && launch_args(*api).is_some_and(|a| a.kernel == KernelRef::Function)
+                    {
+                        *name = self.kernel_names.name(*pid, *kernel);
+                    }
                     self.seq += 1;
                     let stack = self.stack_job(&ev);
                     self.reorder.push(Reverse(Pending {

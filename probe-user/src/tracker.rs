@@ -53,6 +53,8 @@ pub struct Block {
     pub page_type: PageType,
     /// The C stack of the allocation (`--call-stack=c`), for the OOM report.
     pub stack: Option<std::sync::Arc<str>>,
+    /// Kernel launches the process had made before this allocation.
+    pub kernel_index: u64,
 }
 
 impl Block {
@@ -95,6 +97,7 @@ pub struct ProcessStats {
     pub ooms: u64,
     pub ops: u64,
     pub accesses: u64,
+    pub launches: u64,
     /// ATen accesses to an address inside no known pool block.
     pub unmatched_accesses: u64,
 }
@@ -146,6 +149,10 @@ pub struct ProcessState {
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
     /// The operator an ATen access belongs to.
     current_op: Option<String>,
+    /// Kernel launches so far (a block's `kernel_index` is this at its allocation).
+    kernel_index: u64,
+    /// Stream pointer -> (stream number, next task number).
+    streams: HashMap<u64, (u32, u64)>,
     /// The stack of the call being applied (set by `apply`).
     current_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
@@ -195,6 +202,8 @@ pub struct TrackOptions {
     pub inefficient: bool,
     /// Write OP_LAUNCH rows (`--level` has op and `--events` has launch).
     pub write_op_launch: bool,
+    /// Write KERNEL_LAUNCH rows (`--level` has kernel and `--events` has launch).
+    pub write_kernel_launch: bool,
 }
 
 /// `DRV_ERROR_OUT_OF_MEMORY`.
@@ -559,6 +568,30 @@ impl ProcessState {
                 }
             }
             Call::Exiting { .. } => {}
+            Call::KernelLaunch {
+                api,
+                kernel,
+                tiling_key,
+                stream,
+                name,
+            } => {
+                self.kernel_index += 1;
+                self.stats.launches += 1;
+                let next = self.streams.len() as u32;
+                let entry = self.streams.entry(*stream).or_insert((next, 0));
+                let (stream_id, task_id) = (entry.0, entry.1);
+                entry.1 += 1;
+                if opts.write_kernel_launch
+                    && let Some(device) = self.mstx_device(ev.tid, opts)
+                {
+                    let name = name
+                        .clone()
+                        .unwrap_or_else(|| kernel_label(*api, *kernel, *tiling_key));
+                    let mut r = row("KERNEL_LAUNCH", "KERNEL_LAUNCH", name, device);
+                    r.attr = format!("streamId:{stream_id},taskId:{task_id}");
+                    rows.push(r);
+                }
+            }
             Call::RegionsUnregister { domain, refs, .. } => {
                 let before = self.pools.unmatched;
                 for change in self.pools.regions_unregistered(*domain, refs) {
@@ -839,7 +872,7 @@ impl ProcessState {
                     addr: b.addr,
                     size: b.size,
                     alloc_step: b.step,
-                    kernel_index: 0,
+                    kernel_index: b.kernel_index,
                 }),
                 _ => None,
             })
@@ -904,6 +937,7 @@ impl ProcessState {
             module_id,
             page_type,
             stack: self.current_stack.clone(),
+            kernel_index: self.kernel_index,
         }
     }
 
@@ -1031,6 +1065,20 @@ fn add_owner(attr: &mut String, owner: &str) {
     }
 }
 
+/// A kernel without a name: its handle (and tiling key) or its stub address.
+fn kernel_label(api: crate::probes::ProbeId, kernel: u64, tiling_key: Option<u64>) -> String {
+    match (
+        crate::probes::launch_args(api).map(|a| a.kernel),
+        tiling_key,
+    ) {
+        (Some(crate::probes::KernelRef::Handle), Some(t)) => {
+            format!("handle_0x{kernel:x}_tiling_{t}")
+        }
+        (Some(crate::probes::KernelRef::Handle), None) => format!("handle_0x{kernel:x}"),
+        _ => format!("0x{kernel:x}"),
+    }
+}
+
 /// Decimal (as Python prints an int) or `0x` hex.
 fn parse_int(s: &str) -> Option<u64> {
     let s = s.trim();
@@ -1078,6 +1126,7 @@ mod tests {
             decompose: false,
             inefficient: true,
             write_op_launch: true,
+            write_kernel_launch: true,
         }
     }
 

@@ -227,6 +227,7 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
                     module_id,
                     page_type,
                     stack: None,
+                    kernel_index: 0,
                 })
             }
             "FREE" if is_hal(&row) => Ev::Free {
