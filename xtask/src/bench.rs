@@ -13,6 +13,11 @@
 //! * `placement`: `halMemFree` (first instruction `test`, not emulated) in a loop, naive
 //!   entry placement against the placement rule, and the events recorded under both.
 //! * `loss`: the tight loop with 4 threads for 60 s under memscope-bpf at the default ring size.
+//! * `stacks`: cost per traced call of stack capture in BPF (`--call-stack=c:50`): none, the
+//!   kernel's frame-pointer walk only (`MEMSCOPE_BPF_STACK_MODE=fp`), and the default (walk +
+//!   8 KiB stack copy for CFI unwinding), on the tight loop; with the events lost.
+//! * `symbols`: `symbols/examples/symbolize_bench.rs`: warm symbolization rate (addresses/s),
+//!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
 //! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
 //!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
 //!
@@ -32,7 +37,15 @@ use anyhow::{Context, Result, bail};
 use crate::{cmd, setup};
 
 const TAG: &str = "[bench]";
-const SECTIONS: [&str; 5] = ["insn", "overhead", "placement", "loss", "replay"];
+const SECTIONS: [&str; 7] = [
+    "insn",
+    "overhead",
+    "stacks",
+    "placement",
+    "loss",
+    "symbols",
+    "replay",
+];
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -149,6 +162,21 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         cmd::report_failure("bench", &build, status);
         return Ok(cmd::exit_code(status));
     }
+    let mut build = crate::cargo(repo, &ready);
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "memscope-symbols",
+        "--example",
+        "symbolize_bench",
+    ]);
+    println!("{TAG} + {}", cmd::describe(&build));
+    let status = cmd::interactive(&mut build)?;
+    if !status.success() {
+        cmd::report_failure("bench", &build, status);
+        return Ok(cmd::exit_code(status));
+    }
     let target = match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
         Some(d) => repo.join(d),
         None => repo.join("target"),
@@ -175,17 +203,24 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
+    let (w_stacks, w_syms) = (want("stacks"), want("symbols"));
     if w_insn {
         b.insn()?;
     }
     if w_over {
         b.overhead()?;
     }
+    if w_stacks {
+        b.stacks()?;
+    }
     if w_place {
         b.placement()?;
     }
     if w_loss {
         b.loss()?;
+    }
+    if w_syms {
+        b.symbols(&target)?;
     }
     if w_replay {
         b.replay(&target)?;
@@ -739,6 +774,386 @@ impl Bench {
         Ok(())
     }
 
+    fn stacks(&mut self) -> Result<()> {
+        println!("{TAG} stack capture cost");
+        let iters = if self.opts.quick { 5_000 } else { 30_000 };
+        let args: Vec<String> = ["--mode", "hal", "--iters"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([iters.to_string()])
+            .collect();
+        // (key, description, stacks on, MEMSCOPE_BPF_STACK_MODE)
+        let modes: [(&str, &str, bool, Option<&str>); 3] = [
+            ("none", "(c) memscope-bpf, no stacks", false, None),
+            (
+                "fp",
+                "`--call-stack=c:50`, `MEMSCOPE_BPF_STACK_MODE=fp`: kernel frame-pointer walk only",
+                true,
+                Some("fp"),
+            ),
+            (
+                "full",
+                "`--call-stack=c:50` (default): walk + copy of up to 8 KiB of user stack",
+                true,
+                None,
+            ),
+        ];
+        let out_dir = self.scratch.join("trace-out");
+        for round in 0..self.opts.rounds {
+            for (key, _, on, env) in modes {
+                let _ = fs::remove_dir_all(&out_dir);
+                let mut c = Command::new(&self.tracer);
+                c.arg(format!("--output={}", out_dir.display()));
+                if on {
+                    c.arg("--call-stack=c:50");
+                }
+                match env {
+                    Some(m) => c.env("MEMSCOPE_BPF_STACK_MODE", m),
+                    None => c.env_remove("MEMSCOPE_BPF_STACK_MODE"),
+                };
+                c.arg("--").arg(self.bin.join("bench_loop")).args(&args);
+                let t = Instant::now();
+                let out = self.exec(c)?;
+                let wall = t.elapsed().as_secs_f64();
+                let ns = result_field(&out.stdout, "ns_per_call")
+                    .with_context(|| format!("no RESULT under stacks {key}:\n{}", out.stderr))?;
+                let loop_s = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e9;
+                let (events, lost) = tracer_totals(&out.stderr);
+                let (with_stack, truncated) = csv_stacks(&out_dir);
+                println!(
+                    "{TAG}   round {round} stacks {key:4} {ns:>9.1} ns/call, tracer {wall:.2} s \
+                     (loop {loop_s:.2} s), {events} records, {lost} lost, {with_stack} rows with a stack"
+                );
+                self.sample("stacks", "tight", key, round, "ns_per_call", ns);
+                self.sample("stacks", "tight", key, round, "tracer_wall_s", wall);
+                self.sample("stacks", "tight", key, round, "loop_s", loop_s);
+                self.sample("stacks", "tight", key, round, "records", events as f64);
+                self.sample("stacks", "tight", key, round, "lost", lost as f64);
+                self.sample(
+                    "stacks",
+                    "tight",
+                    key,
+                    round,
+                    "rows_with_stack",
+                    with_stack as f64,
+                );
+                self.sample("stacks", "tight", key, round, "truncated", truncated as f64);
+            }
+        }
+        let _ = fs::remove_dir_all(&out_dir);
+        let med = |k: &str, m: &str| median(&self.values("stacks", "tight", k, m));
+        let base = med("none", "ns_per_call");
+        let mut md = String::new();
+        writeln!(md, "## Stack capture cost (`--call-stack=c:50`)\n")?;
+        writeln!(
+            md,
+            "`bench_loop --mode hal --iters {iters}` (the tight loop above, {} traced calls) under \
+             memscope-bpf, {} rounds, modes interleaved, median (min-max). ns per traced call is \
+             the workload's own timing (its loop), so it is the target's cost. The tracer's wall \
+             time covers start-up, the loop and the tail: with stacks on, user space unwinds and \
+             symbolizes on a worker thread and rows wait in memory (the reorder buffer) until \
+             their stack is resolved, so a tracer that cannot keep up finishes late rather than \
+             losing events. Records = ring records (one per call plus, with stacks, one STACK \
+             record per call). Rows with a stack are counted in the CSV written; `bench_loop` is \
+             built `-O2` without frame pointers, so frame-pointer-only stacks end `[truncated]` \
+             (that mode is measured for its cost, not its stacks).\n",
+            2 * iters,
+            self.opts.rounds
+        )?;
+        writeln!(
+            md,
+            "| mode | ns per traced call (min-max) | added over no stacks ns/call | tracer wall s (loop s) | ring records | lost | rows with a stack (truncated) |"
+        )?;
+        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|")?;
+        for (key, desc, _, _) in modes {
+            let v = self.values("stacks", "tight", key, "ns_per_call");
+            let (lo, hi) = spread(&v);
+            let lost = self.values("stacks", "tight", key, "lost");
+            writeln!(
+                md,
+                "| {desc} | {} ({}-{}) | {} | {:.2} ({:.2}) | {:.0} | {:.0} (max {:.0}) | {:.0} ({:.0}) |",
+                fmt_ns(median(&v)),
+                fmt_ns(lo),
+                fmt_ns(hi),
+                if key == "none" {
+                    "-".into()
+                } else {
+                    fmt_ns(median(&v) - base)
+                },
+                med(key, "tracer_wall_s"),
+                med(key, "loop_s"),
+                med(key, "records"),
+                median(&lost),
+                spread(&lost).1,
+                med(key, "rows_with_stack"),
+                med(key, "truncated"),
+            )?;
+        }
+        let tail = |k: &str| med(k, "tracer_wall_s") - med(k, "loop_s");
+        writeln!(
+            md,
+            "\nTracer time beyond the loop (start-up, attach, drain, symbolization, exit): {:.2} s \
+             without stacks, {:.2} s with the frame-pointer walk, {:.2} s with the stack copy.\n",
+            tail("none"),
+            tail("fp"),
+            tail("full")
+        )?;
+        self.md.push_str(&md);
+        Ok(())
+    }
+
+    fn symbols(&mut self, target: &Path) -> Result<()> {
+        println!("{TAG} symbolization and unwinding");
+        let exe = target.join("release/examples/symbolize_bench");
+        let secs = if self.opts.quick { "0.5" } else { "1" };
+        let rounds = self.opts.rounds.min(3);
+        let mut fixtures: Vec<PathBuf> = Vec::new();
+        for (dir, pick) in [
+            (self.lib.clone(), ".so"),
+            (self.bin.clone(), "stack_workload_"),
+        ] {
+            let mut v: Vec<PathBuf> = fs::read_dir(&dir)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_file()
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.contains(pick))
+                })
+                .collect();
+            v.sort();
+            fixtures.extend(v);
+        }
+        let mut last: BTreeMap<&str, String> = BTreeMap::new();
+        for round in 0..rounds {
+            let mut runs: Vec<(&'static str, Vec<String>)> = vec![
+                (
+                    "self",
+                    vec![
+                        "symbolize".into(),
+                        "--self".into(),
+                        "--seconds".into(),
+                        secs.into(),
+                    ],
+                ),
+                (
+                    "unwind",
+                    vec!["unwind".into(), "--seconds".into(), secs.into()],
+                ),
+            ];
+            if !fixtures.is_empty() {
+                let mut a: Vec<String> = vec!["symbolize".into(), "--seconds".into(), secs.into()];
+                a.extend(fixtures.iter().map(|p| p.display().to_string()));
+                runs.insert(1, ("fixtures", a));
+            }
+            for (w, a) in runs {
+                let mut c = Command::new(&exe);
+                c.args(&a);
+                let out = self.exec(c)?;
+                let metrics: &[&'static str] = if w == "unwind" {
+                    &[
+                        "unwind_stacks_per_s",
+                        "unwind_frames_per_s",
+                        "resolve_stacks_per_s",
+                    ]
+                } else {
+                    &["addr_per_s", "frames_per_s", "warmup_ms"]
+                };
+                for &m in metrics {
+                    let v = result_field(&out.stdout, m).unwrap_or(f64::NAN);
+                    self.sample("symbols", w, "warm", round, m, v);
+                }
+                let line = out
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with("RESULT "))
+                    .unwrap_or("")
+                    .to_string();
+                println!("{TAG}   round {round} {w}: {line}");
+                last.insert(w, line);
+            }
+        }
+        let field = |w: &str, k: &str| {
+            last.get(w)
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                })
+                .unwrap_or("?")
+                .to_string()
+        };
+        let mut md = String::new();
+        writeln!(md, "## Symbolization and unwinding (user space)\n")?;
+        writeln!(
+            md,
+            "`symbols/examples/symbolize_bench.rs` (`memscope_symbols` only, one thread, {rounds} \
+             rounds of {secs} s, median (min-max)). Warm: after one pass over every address (each \
+             object parsed, DWARF loaded), the same addresses again in a fixed shuffled order; \
+             a frame is one output line (inlined functions add frames).\n"
+        )?;
+        writeln!(
+            md,
+            "| address set | addresses | with a source line | frames/address | first pass ms | warm addresses/s (min-max) | warm frames/s |"
+        )?;
+        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|")?;
+        for (w, desc) in [
+            (
+                "self",
+                "every function of the bench process (Rust binary without DWARF, libc with its separate debug file, ld.so, libgcc_s), real maps",
+            ),
+            (
+                "fixtures",
+                "every function of the fixture libraries and stack workloads (C/C++, `-O2 -g`), mapped in a synthetic view",
+            ),
+        ] {
+            let v = self.values("symbols", w, "warm", "addr_per_s");
+            if v.is_empty() {
+                continue;
+            }
+            let (lo, hi) = spread(&v);
+            writeln!(
+                md,
+                "| {desc} | {} | {} | {} | {:.1} | {:.2} M ({:.2}-{:.2}) | {:.2} M |",
+                field(w, "addresses"),
+                field(w, "with_line"),
+                field(w, "frames_per_address"),
+                median(&self.values("symbols", w, "warm", "warmup_ms")),
+                median(&v) / 1e6,
+                lo / 1e6,
+                hi / 1e6,
+                median(&self.values("symbols", w, "warm", "frames_per_s")) / 1e6,
+            )?;
+        }
+        let u = self.values("symbols", "unwind", "warm", "unwind_stacks_per_s");
+        let r = self.values("symbols", "unwind", "warm", "resolve_stacks_per_s");
+        let ((ulo, uhi), (rlo, rhi)) = (spread(&u), spread(&r));
+        writeln!(
+            md,
+            "\nUnwinding (CFI, `memscope_symbols::unwind`) of one captured stack of the bench \
+             process ({} frames, {} bytes of stack copied like BPF's copy, stop: {}, outermost \
+             `{}`): {:.0} stacks/s ({:.0}-{:.0}), {:.2} M frames/s; unwind + symbolize every \
+             frame (what the tracer's worker does per stack, minus formatting): {:.0} stacks/s \
+             ({:.0}-{:.0}).\n",
+            field("unwind", "depth"),
+            field("unwind", "stack_bytes"),
+            field("unwind", "stop"),
+            field("unwind", "outermost"),
+            median(&u),
+            ulo,
+            uhi,
+            median(&self.values("symbols", "unwind", "warm", "unwind_frames_per_s")) / 1e6,
+            median(&r),
+            rlo,
+            rhi,
+        )?;
+        // Cold start on the largest shared object.
+        match largest_shared_object() {
+            None => self
+                .notes
+                .push("cold start skipped: no shared object found".into()),
+            Some((path, size)) => {
+                println!("{TAG}   cold start: {} ({size} bytes)", path.display());
+                let mut last = String::new();
+                for round in 0..rounds {
+                    for cache in ["dropped", "cached"] {
+                        if cache == "dropped" {
+                            // posix_fadvise(DONTNEED) on this file only; pages mapped by
+                            // running processes stay resident.
+                            let _ = cmd::probe(Command::new("dd").args([
+                                &format!("if={}", path.display()),
+                                "iflag=nocache",
+                                "count=0",
+                                "status=none",
+                            ]));
+                        }
+                        let resident = cmd::probe(
+                            Command::new("fincore")
+                                .args(["--bytes", "--noheadings", "--output", "RES"])
+                                .arg(&path),
+                        )
+                        .and_then(|s| s.trim().parse::<f64>().ok())
+                        .unwrap_or(f64::NAN);
+                        let mut c = Command::new(&exe);
+                        c.arg("cold").arg(&path);
+                        let out = self.exec(c)?;
+                        for m in [
+                            "total_ms",
+                            "parse_ms",
+                            "first_symbolize_ms",
+                            "cfi_index_ms",
+                            "second_symbolize_us",
+                            "peak_rss_kib",
+                        ] {
+                            let v = result_field(&out.stdout, m).unwrap_or(f64::NAN);
+                            self.sample("symbols", "cold", cache, round, m, v);
+                        }
+                        self.sample("symbols", "cold", cache, round, "resident_bytes", resident);
+                        last = out
+                            .stdout
+                            .lines()
+                            .find(|l| l.starts_with("RESULT "))
+                            .unwrap_or("")
+                            .to_string();
+                        println!("{TAG}   round {round} cold ({cache} page cache): {last}");
+                    }
+                }
+                let f = |k: &str| {
+                    last.split_whitespace()
+                        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                        .unwrap_or("?")
+                        .to_string()
+                };
+                writeln!(
+                    md,
+                    "Cold start on the largest ELF shared object under /usr/lib, /usr/lib64, \
+                     /usr/local/lib and the rustup toolchains: `{}`, {size} bytes ({:.1} MiB), \
+                     {} symbols, DWARF: {}, {} FDEs. A fresh `Symbolizer` and a view mapping the \
+                     file, then: parse (symbol tables, segments, CFI sections), the first \
+                     `symbolize` of an address in the middle of `.text` (loads DWARF when there \
+                     is any; resolved to `{}`), and the CFI index (`fde_count`). *dropped*: the \
+                     file's page cache evicted first with `dd iflag=nocache` (best effort: pages \
+                     mapped by running processes stay; residency before the run shown); \
+                     *cached*: run again right after. {rounds} rounds, median (min-max).\n",
+                    path.display(),
+                    size as f64 / (1 << 20) as f64,
+                    f("symbols"),
+                    f("has_dwarf"),
+                    f("fdes"),
+                    f("function").replace('_', " "),
+                )?;
+                writeln!(
+                    md,
+                    "| page cache | resident before MiB | total ms (min-max) | parse ms | first symbolize ms | CFI index ms | next address µs | peak RSS KiB |"
+                )?;
+                writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+                for cache in ["dropped", "cached"] {
+                    let g = |m: &str| median(&self.values("symbols", "cold", cache, m));
+                    let (lo, hi) = spread(&self.values("symbols", "cold", cache, "total_ms"));
+                    writeln!(
+                        md,
+                        "| {cache} | {:.1} | {:.0} ({:.0}-{:.0}) | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                        g("resident_bytes") / (1 << 20) as f64,
+                        g("total_ms"),
+                        lo,
+                        hi,
+                        g("parse_ms"),
+                        g("first_symbolize_ms"),
+                        g("cfi_index_ms"),
+                        g("second_symbolize_us"),
+                        g("peak_rss_kib"),
+                    )?;
+                }
+                writeln!(md)?;
+                self.notes.push(format!(
+                    "cold start file: {} ({size} bytes)",
+                    path.display()
+                ));
+            }
+        }
+        self.md.push_str(&md);
+        Ok(())
+    }
+
     fn loss(&mut self) -> Result<()> {
         println!("{TAG} no loss under load ({} s)", self.opts.loss_seconds);
         let mut md = String::new();
@@ -881,6 +1296,168 @@ impl Bench {
         Ok(())
     }
 
+    /// The issue's goals against this run (and the previous run's results.json, if any).
+    fn summary(&self, prev: &str) -> Result<String> {
+        let cur = |sec: &str, w: &str, c: &str, m: &str| median(&self.values(sec, w, c, m));
+        let old = |sec: &str, w: &str, c: &str, m: &str| {
+            let key = format!(
+                "\"section\": \"{sec}\", \"workload\": \"{w}\", \"config\": \"{c}\", \"metric\": \"{m}\", \"median\": "
+            );
+            prev.split(&key)
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        let verdict = |ok: bool| if ok { "**met**" } else { "**not met**" };
+        let p = |v: f64, f: &dyn Fn(f64) -> String| {
+            if v.is_nan() { "-".to_string() } else { f(v) }
+        };
+        let prev_date = prev
+            .split("\"date\": \"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("none");
+        let mut md = String::new();
+        writeln!(md, "## Summary: the issue's goals in this run\n")?;
+        writeln!(
+            md,
+            "Ring records were just shrunk (a HAL call record is 104 bytes instead of 360): the \
+             *previous* column is the run before this one (results.json of {prev_date}, 360-byte \
+             records). Verdicts use this run's medians, unrounded.\n"
+        )?;
+        writeln!(md, "| goal | this run | previous | verdict |")?;
+        writeln!(md, "|---|---|---|---|")?;
+        if !self
+            .values("overhead", "tight", "memscope", "ns_per_call")
+            .is_empty()
+        {
+            for w in ["tight", "work"] {
+                let ratio = |get: &dyn Fn(&str, &str, &str, &str) -> f64| {
+                    let (a, b, c) = (
+                        get("overhead", w, "untraced", "ns_per_call"),
+                        get("overhead", w, "floor", "ns_per_call"),
+                        get("overhead", w, "memscope", "ns_per_call"),
+                    );
+                    (c / b, (c - a) / (b - a))
+                };
+                let (r, ro) = ratio(&cur);
+                let (pr, pro) = ratio(&old);
+                writeln!(
+                    md,
+                    "| (c)/(b) ≤ 1.10, {w} loop | {r:.3} on ns per call, {ro:.3} on overhead | {} | {} |",
+                    p(pr, &|v| format!("{v:.3} / {pro:.3}")),
+                    if r <= 1.10 && ro <= 1.10 {
+                        verdict(true).to_string()
+                    } else if r <= 1.10 {
+                        "**met on ns per call, not on overhead**".to_string()
+                    } else {
+                        verdict(false).to_string()
+                    }
+                )?;
+            }
+            if !self
+                .values("overhead", "tight", "bpftrace", "ns_per_call")
+                .is_empty()
+            {
+                for w in ["tight", "work"] {
+                    let (m, bt) = (
+                        cur("overhead", w, "memscope", "ns_per_call"),
+                        cur("overhead", w, "bpftrace", "ns_per_call"),
+                    );
+                    let (pm, pbt) = (
+                        old("overhead", w, "memscope", "ns_per_call"),
+                        old("overhead", w, "bpftrace", "ns_per_call"),
+                    );
+                    writeln!(
+                        md,
+                        "| (c) no slower than bpftrace, {w} loop | {} vs {} ns per call ({:.2}x bpftrace's speed) | {} | {} |",
+                        fmt_ns(m),
+                        fmt_ns(bt),
+                        bt / m,
+                        p(pm, &|v| format!("{} vs {} ns", fmt_ns(v), fmt_ns(pbt))),
+                        verdict(m <= bt)
+                    )?;
+                }
+            }
+        }
+        if !self
+            .values("placement", "free", "memscope", "ns_per_call")
+            .is_empty()
+        {
+            let gains = |get: &dyn Fn(&str, &str, &str, &str) -> f64| {
+                let base = get("placement", "free", "untraced", "ns_per_call");
+                let o = |c: &str| get("placement", "free", c, "ns_per_call") - base;
+                (
+                    o("floor_entry") / o("floor"),
+                    o("memscope_entry") / o("memscope"),
+                )
+            };
+            let (gf, gm) = gains(&cur);
+            let (pgf, pgm) = gains(&old);
+            writeln!(
+                md,
+                "| placement ≥ 5x less overhead than naive on `halMemFree` | {gm:.2}x under memscope-bpf, {gf:.2}x on the floor | {} | {} |",
+                p(pgm, &|v| format!("{v:.2}x / {pgf:.2}x")),
+                if gm >= 5.0 && gf >= 5.0 {
+                    verdict(true).to_string()
+                } else if gf >= 5.0 {
+                    "**met on the floor only, not under memscope-bpf**".to_string()
+                } else if gm >= 5.0 {
+                    "**met under memscope-bpf only, not on the floor**".to_string()
+                } else {
+                    verdict(false).to_string()
+                }
+            )?;
+        }
+        let w = format!("csv-{}", self.opts.events);
+        if !self.values("replay", &w, "csv", "events_per_s").is_empty() {
+            let e = cur("replay", &w, "csv", "events_per_s");
+            let pe = old("replay", &w, "csv", "events_per_s");
+            writeln!(
+                md,
+                "| ≥ 2 M events/s decode + leaks + CSV (one core, {} events) | {:.2} M/s | {} | {} |",
+                self.opts.events,
+                e / 1e6,
+                p(pe, &|v| format!("{:.2} M/s", v / 1e6)),
+                verdict(e >= 2e6)
+            )?;
+        }
+        if !self.values("loss", "hal", "memscope", "lost").is_empty() {
+            let l = cur("loss", "hal", "memscope", "lost");
+            let lm = cur("loss", "mstx", "memscope", "lost");
+            writeln!(
+                md,
+                "| 0 loss, {} s 4-thread run | {l:.0} lost of {:.0} (hal), {lm:.0} lost (mstx) | {} | {} |",
+                self.opts.loss_seconds,
+                cur("loss", "hal", "memscope", "calls"),
+                p(old("loss", "hal", "memscope", "lost"), &|v| format!(
+                    "{v:.0} lost of {:.0}",
+                    old("loss", "hal", "memscope", "calls")
+                )),
+                verdict(l == 0.0 && lm == 0.0)
+            )?;
+        }
+        if !self
+            .values("stacks", "tight", "none", "ns_per_call")
+            .is_empty()
+        {
+            let base = cur("stacks", "tight", "none", "ns_per_call");
+            let lost = self.values("stacks", "tight", "full", "lost");
+            let lost_fp = self.values("stacks", "tight", "fp", "lost");
+            writeln!(
+                md,
+                "| (no goal) stack capture, tight loop | +{} ns/call frame-pointer walk, +{} ns/call walk + stack copy; lost: {:.0} / {:.0} (max over rounds) | - | - |",
+                fmt_ns(cur("stacks", "tight", "fp", "ns_per_call") - base),
+                fmt_ns(cur("stacks", "tight", "full", "ns_per_call") - base),
+                spread(&lost_fp).1,
+                spread(&lost).1,
+            )?;
+        }
+        writeln!(md)?;
+        Ok(md)
+    }
+
     fn write(&mut self, seconds: f64) -> Result<()> {
         let docs = self.repo.join("docs");
         let raw_dir = docs.join("benchmarks");
@@ -928,6 +1505,8 @@ impl Bench {
         json.push_str(&rows.join(",\n"));
         json.push_str("\n  ]\n}\n");
         let suffix = if self.opts.write_docs { "" } else { "-partial" };
+        let prev = fs::read_to_string(raw_dir.join("results.json")).unwrap_or_default();
+        let summary = self.summary(&prev)?;
         fs::write(raw_dir.join(format!("raw{suffix}.csv")), csv)?;
         fs::write(raw_dir.join(format!("results{suffix}.json")), json)?;
         let mut md = String::from("# Benchmarks\n\nWritten by `cargo xtask bench`");
@@ -945,6 +1524,7 @@ impl Bench {
             writeln!(md, "| {k} | {v} |")?;
         }
         writeln!(md)?;
+        md.push_str(&summary);
         md.push_str(&self.md);
         if !self.notes.is_empty() {
             writeln!(md, "## Notes\n")?;
@@ -984,6 +1564,74 @@ fn tracer_totals(stderr: &str) -> (u64, u64) {
         }
     }
     (0, 0)
+}
+
+/// (rows with a C stack, rows whose stack is truncated) in the CSV files under `dir`.
+fn csv_stacks(dir: &Path) -> (u64, u64) {
+    let mut files = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "csv") {
+                files.push(p);
+            }
+        }
+    }
+    let (mut with, mut truncated) = (0, 0);
+    for f in files {
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue;
+        };
+        // The C stack is the last column, after the (empty) Python stack.
+        with += (text.matches(",,\"0x").count() + text.matches(",,0x").count()) as u64;
+        with += text.matches(",,[truncated]").count() as u64;
+        truncated += text.matches("[truncated]").count() as u64;
+    }
+    (with, truncated)
+}
+
+/// The largest ELF shared object (by file size) under the library dirs and rustup toolchains.
+fn largest_shared_object() -> Option<(PathBuf, u64)> {
+    let mut roots: Vec<PathBuf> = ["/usr/lib", "/usr/lib64", "/usr/local/lib"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let rustup = std::env::var_os("RUSTUP_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".rustup")));
+    if let Some(r) = rustup {
+        roots.push(r.join("toolchains"));
+    }
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
+    let mut todo: Vec<(PathBuf, usize)> = roots.into_iter().map(|r| (r, 0)).collect();
+    while let Some((d, depth)) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            let p = e.path();
+            if meta.is_dir() && depth < 10 {
+                todo.push((p, depth + 1));
+            } else if meta.is_file() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.ends_with(".so") || name.contains(".so.") {
+                    found.push((meta.len(), p));
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    found.into_iter().find_map(|(size, p)| {
+        let mut head = [0u8; 18];
+        let mut f = fs::File::open(&p).ok()?;
+        std::io::Read::read_exact(&mut f, &mut head).ok()?;
+        // ELF, 64-bit, little-endian, ET_DYN.
+        (head.starts_with(b"\x7fELF\x02\x01") && head[16] == 3).then_some((p, size))
+    })
 }
 
 fn insn_text(name: &str) -> &'static str {

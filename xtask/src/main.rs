@@ -47,10 +47,11 @@ Commands:
   bench [--quick] [--rounds N] [--loss-seconds S] [--events N] [--only SECTIONS]
         The benchmark suite (root; never part of `test`): uprobe cost per instruction,
         target overhead side by side (untraced, empty BPF programs, memscope-bpf,
-        bpftrace, LD_PRELOAD), probe placement, no-loss under load, user-space
-        throughput. Writes docs/benchmarks.md and docs/benchmarks/{raw.csv,results.json}
+        bpftrace, LD_PRELOAD), stack capture cost, probe placement, no-loss under load,
+        symbolization/unwinding rates and cold start, user-space throughput. Writes docs/benchmarks.md and docs/benchmarks/{raw.csv,results.json}
         (a run with --only writes *-partial files instead).
-        SECTIONS: comma-separated from insn,overhead,placement,loss,replay.
+        SECTIONS: comma-separated from
+        insn,overhead,stacks,placement,loss,symbols,replay.
         --quick: 3 rounds, 10 s loss run, 2 M replayed events.
   help
         This text.
