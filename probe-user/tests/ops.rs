@@ -140,6 +140,31 @@ fn operators_accesses_launches_and_inefficient_blocks() {
         stderr.contains(&format!("inefficient memory: {flagged} block(s)")),
         "{stderr}"
     );
+
+    // Offline: `analyze` on the saved dump flags the same blocks with the same types.
+    let dump_path = find_files(&process_dir(&out_dir, pid).unwrap(), "memscope_dump_")[0].clone();
+    let offline_dir = dir.join("offline");
+    let out = run_tracer(&[
+        "analyze",
+        "--input",
+        dump_path.to_str().unwrap(),
+        "-o",
+        offline_dir.to_str().unwrap(),
+    ]);
+    let offline_stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{offline_stderr}");
+    let offline_csv =
+        std::fs::read_to_string(&find_files(&offline_dir, "inefficient_")[0]).unwrap();
+    let sorted = |t: &str| {
+        let mut v: Vec<String> = t.lines().map(str::to_string).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(&offline_csv), sorted(&csv));
+    assert!(
+        offline_stderr.contains(&format!("inefficient memory: {flagged} block(s)")),
+        "{offline_stderr}"
+    );
 }
 
 #[test]

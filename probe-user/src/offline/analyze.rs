@@ -324,6 +324,9 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
     for line in leaks::format_report(&report, 20).lines() {
         log::info(line);
     }
+    // Inefficient memory, decompose and OOM rows, replayed from the same dump.
+    let replayed = super::analyses::replay(input)?;
+    super::analyses::report(&replayed, &opts.output_dir)?;
     // Processes with pool findings but no HAL leak.
     let pool_lines = report
         .iter()

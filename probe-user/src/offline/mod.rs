@@ -6,6 +6,7 @@
 //! or the SQLite db). Problems with an input are [`InputError`]s, which the command turns into
 //! exit code 2 with the file and line in the message.
 
+pub mod analyses;
 pub mod analyze;
 pub mod compare;
 pub mod reader;
