@@ -23,11 +23,13 @@ pub struct Counters {
     pub pending_full: u64,
     pub orphan_return: u64,
     pub traced_full: u64,
+    /// Regions or references of mstx memory batches beyond what one call may emit.
+    pub batch_dropped: u64,
 }
 
 impl Counters {
     pub fn lost_events(&self) -> u64 {
-        self.ringbuf_full + self.pending_full
+        self.ringbuf_full + self.pending_full + self.batch_dropped
     }
 }
 
@@ -169,6 +171,7 @@ impl Bpf {
             pending_full: sum(counter::PENDING_FULL),
             orphan_return: sum(counter::ORPHAN_RETURN),
             traced_full: sum(counter::TRACED_FULL),
+            batch_dropped: sum(counter::BATCH_DROPPED),
         }
     }
 

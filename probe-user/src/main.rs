@@ -306,10 +306,11 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
     let c = r.counters;
     if c.lost_events() > 0 {
         log::warn(&format!(
-            "{} event(s) lost: {} ring buffer full, {} calls in flight overflow",
+            "{} event(s) lost: {} ring buffer full, {} calls in flight overflow, {} batch regions",
             c.lost_events(),
             c.ringbuf_full,
-            c.pending_full
+            c.pending_full,
+            c.batch_dropped
         ));
     } else {
         log::info(&format!("{} events, none lost", r.events));

@@ -539,6 +539,12 @@ impl Session {
                 "lost {lost_ring} event(s): the ring buffer was full (try a larger --ring-buffer-mib)"
             ));
         }
+        let lost_batch = now.batch_dropped - self.reported.batch_dropped;
+        if lost_batch > 0 {
+            log::warn(&format!(
+                "lost {lost_batch} mstx memory region(s): a batch larger than one call can report"
+            ));
+        }
         if lost_pending > 0 {
             log::warn(&format!(
                 "lost {lost_pending} call(s): too many calls in flight at once"
