@@ -871,7 +871,7 @@ impl Bench {
             let lost = self.values("stacks", "tight", key, "lost");
             writeln!(
                 md,
-                "| {desc} | {} ({}-{}) | {} | {:.2} ({:.2}) | {:.0} | {:.0} (max {:.0}) | {:.0} ({:.0}) |",
+                "| {desc} | {} ({}-{}) | {} | {:.2} ({:.2}) | {} | {:.0} (max {:.0}) | {:.0} ({:.0}) |",
                 fmt_ns(median(&v)),
                 fmt_ns(lo),
                 fmt_ns(hi),
@@ -882,7 +882,12 @@ impl Bench {
                 },
                 med(key, "tracer_wall_s"),
                 med(key, "loop_s"),
-                med(key, "records"),
+                // The tracer prints no record total when it lost events.
+                if med(key, "records") > 0.0 {
+                    format!("{:.0}", med(key, "records"))
+                } else {
+                    "-".into()
+                },
                 median(&lost),
                 spread(&lost).1,
                 med(key, "rows_with_stack"),
