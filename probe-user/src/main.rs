@@ -215,8 +215,14 @@ fn run(opts: Options) -> Result<u8> {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
     };
-    // Everything is written: let a background process pay for unregistering the uprobes.
-    result.bpf.detach_in_background();
+    // Everything is written: let a background process pay for unregistering the uprobes
+    // (the probes keep firing, filtered out, until it is done). Benchmarks need them gone when
+    // the tracer exits: MEMSCOPE_BPF_DETACH=foreground waits for the teardown.
+    if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
+        drop(result.bpf);
+    } else {
+        result.bpf.detach_in_background();
+    }
     Ok(code)
 }
 

@@ -343,8 +343,11 @@ impl Bench {
     }
 
     fn exec(&self, mut c: Command) -> Result<RunOut> {
+        // The tracer's uprobes must be gone when it exits, or they would keep firing (filtered
+        // out) in the next measurement, untraced runs included.
         let out = c
             .current_dir(&self.repo)
+            .env("MEMSCOPE_BPF_DETACH", "foreground")
             .stdin(std::process::Stdio::null())
             .output()
             .with_context(|| format!("cannot run {}", cmd::describe(&c)))?;
