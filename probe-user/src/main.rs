@@ -277,6 +277,13 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
                 stats.failed_allocs, stats.failed_frees
             ));
         }
+        if stats.filtered > 0 {
+            log::info(&format!(
+                "pid {pid}: {} event(s) on devices --device leaves out (pinned host memory is \
+                 device cpu: --device=npu,cpu)",
+                stats.filtered
+            ));
+        }
         if stats.ooms > 0 {
             log::warn(&format!(
                 "pid {pid}: {} allocation(s) failed for lack of device memory (OOM_DETAIL rows{})",

@@ -136,6 +136,8 @@ pub struct ProcessState {
     step: u32,
     step_range: Option<u64>,
     thread_device: HashMap<u32, u32>,
+    /// Blocks left out by `--device`, so their frees are left out too.
+    filtered_addrs: std::collections::HashSet<u64>,
     pools: Pools,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
@@ -390,6 +392,8 @@ impl ProcessState {
                 };
                 if !self.wants_device(opts, device) {
                     self.stats.filtered += 1;
+                    // Its free is filtered too, not reported as a free of an unknown address.
+                    self.filtered_addrs.insert(addr);
                     return rows;
                 }
                 let kind = if f.mem_type == MemType::Host {
@@ -441,6 +445,7 @@ impl ProcessState {
                 };
                 if !self.wants_device(opts, device) {
                     self.stats.filtered += 1;
+                    self.filtered_addrs.insert(handle);
                     return rows;
                 }
                 self.stats.creates += 1;
@@ -908,8 +913,12 @@ impl ProcessState {
         }
     }
 
-    fn note_unmatched(&mut self, _addr: u64, _opts: &TrackOptions) {
-        self.stats.unmatched_frees += 1;
+    fn note_unmatched(&mut self, addr: u64, _opts: &TrackOptions) {
+        if self.filtered_addrs.remove(&addr) {
+            self.stats.filtered += 1;
+        } else {
+            self.stats.unmatched_frees += 1;
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1393,6 +1402,12 @@ mod tests {
             .is_empty()
         );
         assert_eq!(p.stats.filtered, 2);
+        // The frees of blocks left out are left out too, not counted as unknown frees.
+        assert!(
+            p.apply(&ev(1, Call::HalFree { addr: 2, ret: 0 }), 1, &o, None)
+                .is_empty()
+        );
+        assert_eq!((p.stats.filtered, p.stats.unmatched_frees), (3, 0));
         assert_eq!(
             p.apply(
                 &ev(
