@@ -154,6 +154,44 @@ pub fn interactive(cmd: &mut Command) -> Result<ExitStatus> {
     cmd.status().map_err(|e| spawn_error(cmd, e))
 }
 
+/// Totals of the `test result: ... N passed; M failed; ...` lines cargo test printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TestTotals {
+    pub passed: u64,
+    pub failed: u64,
+}
+
+/// Runs `cmd` with its stdout shown as it comes and scanned for cargo's test result lines.
+pub fn cargo_test(cmd: &mut Command) -> Result<(ExitStatus, TestTotals)> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_error(cmd, e))?;
+    let mut totals = TestTotals::default();
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        println!("{line}");
+        let _ = std::io::stdout().flush();
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let n: u64 = n.parse().unwrap_or(0);
+                match kind {
+                    "passed" => totals.passed += n,
+                    "failed" => totals.failed += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| spawn_error(cmd, e))?;
+    Ok((status, totals))
+}
+
 /// Reports a failed interactive command: its output is already on the terminal.
 pub fn report_failure(tag: &str, cmd: &Command, status: ExitStatus) {
     eprintln!(

@@ -171,7 +171,7 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     let mut test = cargo(repo, &ready);
     test.arg("test").args(extra);
     println!("[test] + {}", cmd::describe(&test));
-    let status = cmd::interactive(&mut test)?;
+    let (status, totals) = cmd::cargo_test(&mut test)?;
     if !status.success() {
         cmd::report_failure("test", &test, status);
     }
@@ -179,6 +179,7 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
         println!("[test] note: not root, so the tests that load BPF programs were skipped");
     }
     if !status.success() {
+        println!("{} passed, {} failed", totals.passed, totals.failed);
         return Ok(cmd::exit_code(status));
     }
     // A short fuzz run of the object-file parsers must not find a crash.
@@ -189,5 +190,7 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     if secs > 0 {
         fuzz::short_run(repo, secs)?;
     }
+    // All test binaries together (cargo's own last lines are doc-test runs of 0 tests).
+    println!("{} passed, {} failed", totals.passed, totals.failed);
     Ok(0)
 }
