@@ -312,7 +312,7 @@ impl ProcessState {
             .chain(self.pool_blocks.values().filter(|b| b.device == device))
             .collect();
         let k = k as usize;
-        let mut emit = |live: &[&Block], event_type: &'static str, name: &str| {
+        let mut emit = |live: &[&Block], event_type: &'static str, name: &'static str| {
             for b in live.iter().take(k) {
                 let pool = match b.kind {
                     BlockKind::Pool(PoolKind::PtaCaching) => "PTA",
@@ -354,7 +354,7 @@ impl ProcessState {
             |event: &'static str, event_type: &'static str, name: String, device: DeviceKey| Row {
                 event,
                 event_type,
-                name,
+                name: name.into(),
                 ts_ns,
                 pid: ev.pid,
                 tid: ev.tid,
@@ -728,7 +728,7 @@ impl ProcessState {
         let op_row = move |event_type: &'static str, name: String, device: DeviceKey| Row {
             event: "OP_LAUNCH",
             event_type,
-            name,
+            name: name.into(),
             ts_ns,
             pid,
             tid,
@@ -817,7 +817,7 @@ impl ProcessState {
             rows.push(Row {
                 event: "ACCESS",
                 event_type: kind,
-                name,
+                name: name.into(),
                 ts_ns,
                 pid: self.pid,
                 tid,
@@ -1048,7 +1048,8 @@ impl ProcessState {
                 }
             }
         }
-        let attr = String::from_utf8(attr).expect("ASCII");
+        // SAFETY: only ASCII went in (digits, hex digits, ASCII literals, page type names).
+        let attr = unsafe { String::from_utf8_unchecked(attr) };
         Row {
             event,
             event_type: b.kind.event_type(),
@@ -1290,10 +1291,7 @@ mod tests {
             &o,
             None,
         );
-        assert_eq!(
-            (r[0].name.as_str(), r[0].device),
-            ("\"\"", DeviceKey::Npu(3))
-        );
+        assert_eq!((&*r[0].name, r[0].device), ("\"\"", DeviceKey::Npu(3)));
         let r = p.apply(
             &ev(
                 1,
@@ -1563,10 +1561,7 @@ mod tests {
             &o,
             Some(std::sync::Arc::from("oom-stack")),
         );
-        let kinds: Vec<_> = rows
-            .iter()
-            .map(|r| (r.event_type, r.name.as_str()))
-            .collect();
+        let kinds: Vec<_> = rows.iter().map(|r| (r.event_type, &*r.name)).collect();
         assert_eq!(
             kinds,
             [
@@ -1768,7 +1763,7 @@ mod tests {
         // op 1 allocates blocks A (0x1000) and B (0x2000) and uses B.
         let r = mark(&mut p, b);
         assert_eq!(
-            (r[0].event, r[0].event_type, r[0].name.as_str()),
+            (r[0].event, r[0].event_type, &*r[0].name),
             ("OP_LAUNCH", "ATEN_START", "torch._ops.aten.addmm.default")
         );
         reg(&mut p, 0x1000, 64);

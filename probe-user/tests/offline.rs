@@ -119,7 +119,7 @@ fn sample_rows() -> Vec<Row> {
              attr: &str| Row {
         event,
         event_type,
-        name,
+        name: name.into(),
         ts_ns,
         pid: 4242,
         tid: 4243,

@@ -20,8 +20,8 @@ pub const CSV_HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,
 pub struct Row {
     pub event: &'static str,
     pub event_type: &'static str,
-    /// Already formatted (`N/A`, or a quoted MSTX message).
-    pub name: String,
+    /// Already formatted (`N/A`, or a quoted MSTX message); borrowed when constant.
+    pub name: std::borrow::Cow<'static, str>,
     pub ts_ns: u64,
     pub pid: u32,
     pub tid: u32,
@@ -88,30 +88,9 @@ impl Row {
     }
 }
 
-/// Decimal digits of `v` (two digits per step from a table).
-pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    while v >= 100 {
-        let d = (v % 100) as usize * 2;
-        v /= 100;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
-    }
-    if v >= 10 {
-        let d = v as usize * 2;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
-    } else {
-        i -= 1;
-        buf[i] = b'0' + v as u8;
-    }
-    out.extend_from_slice(&buf[i..]);
+/// Decimal digits of `v` (itoa: four digits per step, no bounds checks).
+pub fn push_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// `0x` and 16 lowercase hex digits.
