@@ -30,8 +30,8 @@ use aya_ebpf::{
 };
 use probe_common::{
     CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2,
-    ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent,
-    TracepointOffsets, counter, event_flags, kind, spec_flags,
+    PendingCall, ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND,
+    StackEvent, TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -42,9 +42,13 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 #[map]
 static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 
-/// Calls between entry and return, keyed by (tid << 32 | probe id).
+/// Calls between entry and return, keyed by (tid << 32 | probe id): probes that copy data
+/// keep the whole event, the others a small `PendingCall`.
 #[map]
 static PENDING: HashMap<u64, RawEvent> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+static PENDING_CALLS: HashMap<u64, PendingCall> = HashMap::with_max_entries(16384, 0);
 
 #[map]
 static PROBE_SPECS: Array<ProbeSpec> = Array::with_max_entries(MAX_PROBES, 0);
@@ -251,6 +255,28 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     }
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let spec = *PROBE_SPECS.get(probe)?;
+    const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
+    if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & DATA == 0 {
+        // The common case (HAL calls): only the arguments wait for the return.
+        let call = PendingCall {
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+            args: [
+                ctx.arg::<u64>(0).unwrap_or(0),
+                ctx.arg::<u64>(1).unwrap_or(0),
+                ctx.arg::<u64>(2).unwrap_or(0),
+                ctx.arg::<u64>(3).unwrap_or(0),
+                ctx.arg::<u64>(4).unwrap_or(0),
+                ctx.arg::<u64>(5).unwrap_or(0),
+            ],
+            pid: tgid,
+            cpu: 0,
+        };
+        let key = ((tid as u64) << 32) | probe as u64;
+        if PENDING_CALLS.insert(&key, &call, 0).is_err() {
+            bump(counter::PENDING_FULL);
+        }
+        return Some(());
+    }
     let ev = scratch(kind::CALL, tgid, tid)?;
     ev.probe = probe as u16;
     ev.args[0] = ctx.arg::<u64>(0).unwrap_or(0);
@@ -510,20 +536,56 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
 
 #[inline(always)]
 fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
+    // No traced-set lookup here: only traced processes store entries, and the entry's
+    // process is checked against ours (a thread id can be reused by another process).
     let (tgid, tid) = current_ids();
-    if !is_traced(tgid) {
-        return None;
-    }
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let key = ((tid as u64) << 32) | probe as u64;
-    let ev = match PENDING.get_ptr_mut(&key) {
-        Some(p) => unsafe { &mut *p },
-        None => {
+    let spec = *PROBE_SPECS.get(probe)?;
+    const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
+    if spec.flags & DATA == 0 {
+        let call = unsafe { &*PENDING_CALLS.get_ptr_mut(&key)? };
+        if call.pid != tgid {
             bump(counter::ORPHAN_RETURN);
+            let _ = PENDING_CALLS.remove(&key);
             return None;
         }
-    };
-    let spec = *PROBE_SPECS.get(probe)?;
+        // Only the header is sent for these calls: fill just that (no scratch() defaults).
+        let ev = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+        ev.kind = kind::CALL;
+        ev.flags = 0;
+        ev.probe = probe as u16;
+        ev.data_len = 0;
+        ev.pid = tgid;
+        ev.tid = tid;
+        ev.cpu = 0;
+        ev.ts_ns = call.ts_ns;
+        ev.args = call.args;
+        ev.deref = 0;
+        let _ = PENDING_CALLS.remove(&key);
+        return finish_return(ctx, ev, &spec, tgid, tid, None);
+    }
+    let ev = unsafe { &mut *PENDING.get_ptr_mut(&key)? };
+    if ev.pid != tgid {
+        bump(counter::ORPHAN_RETURN);
+        let _ = PENDING.remove(&key);
+        return None;
+    }
+    finish_return(ctx, ev, &spec, tgid, tid, Some(key))
+}
+
+/// Completes a call at its return: return value, out-pointer, stack, emit. `pending_key`: the
+/// PENDING entry to drop once emitted (the event lives in it).
+#[inline(always)]
+fn finish_return(
+    ctx: &RetProbeContext,
+    ev: &mut RawEvent,
+    spec: &ProbeSpec,
+    tgid: u32,
+    tid: u32,
+    pending_key: Option<u64>,
+) -> Option<()> {
+    let spec = *spec;
     ev.ret = ctx.ret::<u64>();
     ev.ret_ts_ns = unsafe { bpf_ktime_get_ns() };
     ev.flags |= event_flags::HAS_RET;
@@ -543,7 +605,9 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     } else {
         emit(ev);
     }
-    let _ = PENDING.remove(&key);
+    if let Some(key) = pending_key {
+        let _ = PENDING.remove(&key);
+    }
     Some(())
 }
 

@@ -33,6 +33,10 @@ impl Counters {
     }
 }
 
+/// Environment variable that turns on the kernel's run-time statistics of our programs and
+/// reports each program's average cost at the end (benchmarks and tuning).
+pub const STATS_ENV: &str = "MEMSCOPE_BPF_STATS";
+
 /// Environment variable that makes the tracer attach programs that do nothing (benchmarks only).
 pub const NOOP_PROGRAMS_ENV: &str = "MEMSCOPE_BPF_NOOP_PROGRAMS";
 
@@ -40,6 +44,8 @@ pub struct Bpf {
     ebpf: Ebpf,
     /// (entry, return) program names used for uprobes.
     uprobe_programs: (&'static str, &'static str),
+    /// Kernel run-time statistics of the programs (`MEMSCOPE_BPF_STATS=1`), on while held.
+    stats: Option<std::os::fd::OwnedFd>,
     traced: HashMap<MapData, u32, u32>,
     known_paths: HashMap<MapData, u64, u8>,
     specs: Array<MapData, ProbeSpec>,
@@ -83,6 +89,8 @@ impl Bpf {
         Ok((
             Bpf {
                 ebpf,
+                stats: std::env::var_os(STATS_ENV)
+                    .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
                 uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
                     ("noop_entry", "noop_return")
                 } else {
@@ -157,6 +165,21 @@ impl Bpf {
 
     pub fn forget_process(&mut self, pid: u32) {
         let _ = self.traced.remove(&pid);
+    }
+
+    /// (program, runs, total ns) of every program that ran, when statistics are on.
+    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+        if self.stats.is_none() {
+            return Vec::new();
+        }
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                let runs = info.run_count();
+                (runs > 0).then(|| (name.to_string(), runs, info.run_time().as_nanos() as u64))
+            })
+            .collect()
     }
 
     pub fn counters(&self) -> Counters {

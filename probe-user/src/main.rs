@@ -211,6 +211,12 @@ fn run(opts: Options) -> Result<u8> {
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
 
     print_summary(&result, &opts.output_dir, opts.analysis.oom_top_k.is_some());
+    for (name, runs, ns) in result.bpf.program_stats() {
+        log::info(&format!(
+            "bpf program {name}: {runs} runs, {:.0} ns per run",
+            ns as f64 / runs as f64
+        ));
+    }
     let code = match result.end {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
