@@ -54,6 +54,12 @@ pub fn short_run(repo: &Path, secs: u32) -> Result<()> {
             .arg(&target);
         cmd::output(&mut c)?;
     }
+    // Inputs that crashed it once stay in the corpus (also checked by a symbols unit test).
+    if let Ok(rd) = std::fs::read_dir(data.join("fuzz-regressions")) {
+        for entry in rd.flatten() {
+            let _ = std::fs::copy(entry.path(), corpus.join(entry.file_name()));
+        }
+    }
     let mut run = Command::new("cargo");
     run.current_dir(&fuzz)
         .args(["+nightly", "fuzz", "run", "parse_object"])
