@@ -1537,6 +1537,26 @@ fn check_lib(opt: &str, v: &OsStr) -> Result<PathBuf, CliError> {
     if !is_readable(&path) {
         return Err(bad("not readable"));
     }
+    // A library named on the command line that cannot be probed is a mistake the user
+    // should hear about now, not a warning scrolled past after the target has started.
+    let mut header = [0u8; 18];
+    std::fs::File::open(&path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
+        .map_err(|e| bad(&format!("cannot read its ELF header: {e}")))?;
+    if &header[..4] != b"\x7fELF" {
+        return Err(bad("not an ELF file"));
+    }
+    if header[4] != 2 {
+        return Err(bad("not a 64-bit ELF file"));
+    }
+    const ET_DYN: u16 = 3;
+    let e_type = match header[5] {
+        1 => u16::from_le_bytes([header[16], header[17]]),
+        _ => u16::from_be_bytes([header[16], header[17]]),
+    };
+    if e_type != ET_DYN {
+        return Err(bad("an ELF file but not a shared object"));
+    }
     Ok(path)
 }
 
@@ -2995,8 +3015,10 @@ mod tests {
     #[test]
     fn libs() {
         let t = TempDir::new();
-        let a = t.file("liba.so", b"\x7fELF");
-        let b = t.file("libb.so", b"\x7fELF");
+        // The first 18 bytes of an x86-64 shared object: ELF64, little-endian, ET_DYN.
+        let so = b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0";
+        let a = t.file("liba.so", so);
+        let b = t.file("libb.so", so);
         let link = t.path("liblink.so");
         std::os::unix::fs::symlink(&b, &link).unwrap();
         let dotted = format!("{}/./liba.so", t.0.display());

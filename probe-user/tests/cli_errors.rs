@@ -36,6 +36,41 @@ fn missing_pid_and_program_are_clear_errors() {
 }
 
 #[test]
+fn lib_that_cannot_be_probed_is_rejected_before_launch() {
+    let dir = scratch("bad-lib");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let text = dir.join("notes.so");
+    fs::write(&text, "not an elf, just text").unwrap();
+    let short = dir.join("short.so");
+    fs::write(&short, b"\x7fELF").unwrap();
+    // The header of a relocatable object (ET_REL), not a shared object.
+    let object = dir.join("object.o");
+    let mut header = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+    header.resize(16, 0);
+    header.extend_from_slice(&1u16.to_le_bytes());
+    header.resize(64, 0);
+    fs::write(&object, header).unwrap();
+    let cases: [(&str, &str); 5] = [
+        ("/no/such/libascend_hal.so", "no such file"),
+        (dir.to_str().unwrap(), "not a regular file"),
+        (text.to_str().unwrap(), "not an ELF file"),
+        (short.to_str().unwrap(), "cannot read its ELF header"),
+        (object.to_str().unwrap(), "not a shared object"),
+    ];
+    for (lib, why) in cases {
+        let out = run_tracer(&["--lib", lib, "--", "/bin/sh", "-c", &touch]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--lib {lib}: {stderr}");
+        assert!(
+            stderr.to_lowercase().contains(&why.to_lowercase()),
+            "--lib {lib}: expected {why:?} in {stderr}"
+        );
+        assert!(!marker.exists(), "--lib {lib}: the program must not run");
+    }
+}
+
+#[test]
 fn unwritable_output_directory_is_rejected_before_launch() {
     let dir = scratch("unwritable");
     let file = dir.join("plain-file");
