@@ -1,6 +1,6 @@
 //! User-space throughput benchmark (run by `cargo xtask bench`): replays a synthetic stream
 //! of ring-buffer records through the same path the tracer uses — `decode::raw_from_bytes`,
-//! `decode::decode`, `tracker::ProcessState::apply`, a writer, and the leak analysis at the
+//! `decode::decode`, `tracker::ProcessState::apply_into`, a writer, and the leak analysis at the
 //! end — and prints one JSON line:
 //!
 //! `{"writer":"csv","events":N,"seconds":S,"events_per_s":R,"rows":N,"live_blocks":B,"peak_rss_kib":K}`
@@ -125,6 +125,7 @@ fn main() -> anyhow::Result<()> {
     raw.kind = kind::CALL;
     raw.pid = pid;
     let mut rows = 0u64;
+    let mut row_buf = Vec::new();
     let mut allocs = 0u64;
     let mut ts = 1_000_000u64;
     let start = Instant::now();
@@ -168,12 +169,14 @@ fn main() -> anyhow::Result<()> {
             continue;
         };
         let ts_real = call.ts_mono;
-        for row in state.apply(&call, ts_real, &opts, None) {
+        state.apply_into(&call, ts_real, &opts, None, &mut row_buf);
+        for row in &row_buf {
             rows += 1;
             if let Some(o) = out.as_mut() {
-                o.write(row)?;
+                o.write_ref(row)?;
             }
         }
+        row_buf.clear();
     }
     let blocks = state.live_blocks();
     if let Some(o) = out.as_mut() {

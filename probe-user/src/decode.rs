@@ -179,19 +179,24 @@ impl Decoded {
 }
 
 /// Copies a record out of the ring buffer. `None` for short or unknown records.
+#[inline]
 pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
     // Records carry the header and only the valid part of `data`.
     if bytes.len() < RAW_HEADER {
         return None;
     }
-    let n = bytes.len().min(std::mem::size_of::<RawEvent>());
-    let mut ev = RawEvent::zeroed();
-    // SAFETY: RawEvent is repr(C) plain integers; any bytes are a valid value, and `n` is at
-    // most its size.
+    let size = std::mem::size_of::<RawEvent>();
+    let n = bytes.len().min(size);
+    let mut ev = std::mem::MaybeUninit::<RawEvent>::uninit();
+    // SAFETY: RawEvent is repr(C) plain integers and byte arrays, so any bytes are a valid
+    // value; the first `n <= size` bytes are copied from the record and the rest zeroed (only
+    // the rest: most records are a header and a short `data`), so every byte is initialized.
     unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), &mut ev as *mut RawEvent as *mut u8, n)
-    };
-    Some(ev)
+        let p = ev.as_mut_ptr() as *mut u8;
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, n);
+        std::ptr::write_bytes(p.add(n), 0, size - n);
+        Some(ev.assume_init())
+    }
 }
 
 pub fn decode(raw: &RawEvent) -> Option<Decoded> {

@@ -25,7 +25,7 @@ use crate::{
     decode::{Call, CallEvent},
     kernels::KernelNames,
     launch, log,
-    output::ProcessOutput,
+    output::{ProcessOutput, Row},
     probes::{KernelRef, launch_args},
     stacks::{self, StackResolver, StackSample},
     tracker::{ProcessState, ProcessStats, TrackOptions},
@@ -106,6 +106,8 @@ pub struct Session {
     procs: HashMap<u32, Traced>,
     order: Vec<u32>,
     reorder: BinaryHeap<Reverse<Pending>>,
+    /// The rows of the event being applied; kept to reuse its allocation.
+    rows: Vec<Row>,
     seq: u64,
     events: u64,
     realtime_offset: i128,
@@ -139,6 +141,7 @@ impl Session {
             procs: HashMap::new(),
             order: Vec::new(),
             reorder: BinaryHeap::new(),
+            rows: Vec::new(),
             seq: 0,
             events: 0,
             realtime_offset,
@@ -410,16 +413,21 @@ impl Session {
                 Decoded::Call(call) => {
                     let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
+                    let mut rows = std::mem::take(&mut self.rows);
                     let traced = self.traced(call.pid);
-                    let rows = traced.state.apply(&call, ts, &track, c_stack);
+                    traced
+                        .state
+                        .apply_into(&call, ts, &track, c_stack, &mut rows);
                     for m in traced.state.messages.drain(..) {
                         log::debug(&m);
                     }
-                    for row in rows {
-                        if let Err(e) = traced.out.write(row) {
+                    for row in &rows {
+                        if let Err(e) = traced.out.write_ref(row) {
                             log::error(&format!("{e:#}"));
                         }
                     }
+                    rows.clear();
+                    self.rows = rows;
                 }
                 Decoded::Exit { pid, .. } => self.finish_process(pid, LeakCause::Exited),
                 _ => {}

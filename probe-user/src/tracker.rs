@@ -118,6 +118,9 @@ impl std::hash::Hasher for AddrHasher {
             self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
     }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
     fn write_u64(&mut self, v: u64) {
         // Fold the high bits down so hashbrown's top-7-bit tags and low-bit buckets both vary.
         let h = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -131,11 +134,12 @@ pub struct ProcessState {
     pub pid: u32,
     live: HashMap<u64, Block, AddrHash>,
     live_handles: HashMap<u64, Block, AddrHash>,
-    used: HashMap<u32, u64>,
+    /// Keyed by device id: looked up for every MALLOC/FREE row, so not SipHash.
+    used: HashMap<u32, u64, AddrHash>,
     next_allocation_id: u64,
     step: u32,
     step_range: Option<u64>,
-    thread_device: HashMap<u32, u32>,
+    thread_device: HashMap<u32, u32, AddrHash>,
     /// Blocks left out by `--device`, so their frees are left out too.
     filtered_addrs: std::collections::HashSet<u64>,
     pools: Pools,
@@ -159,6 +163,9 @@ pub struct ProcessState {
     current_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
     pub stats: ProcessStats,
+    /// An empty vector with capacity, reused as `apply_call`'s row list by `apply_into`, so
+    /// the hot path allocates no vector per event.
+    spare_rows: Vec<Row>,
 }
 
 /// `--steps`: the mstx steps whose events are kept (empty: all events).
@@ -251,6 +258,21 @@ impl ProcessState {
         opts: &TrackOptions,
         stack: Option<std::sync::Arc<str>>,
     ) -> Vec<Row> {
+        let mut rows = Vec::new();
+        self.apply_into(ev, ts_ns, opts, stack, &mut rows);
+        rows
+    }
+
+    /// [`apply`](Self::apply), appending the rows to `out`: with an `out` that the caller
+    /// drains and reuses, applying an event allocates no vector.
+    pub fn apply_into(
+        &mut self,
+        ev: &CallEvent,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        stack: Option<std::sync::Arc<str>>,
+        out: &mut Vec<Row>,
+    ) {
         self.current_stack = stack;
         let kept_before = opts.steps.keeps(self.step_range.is_some(), self.step);
         let mut rows = self.apply_call(ev, ts_ns, opts);
@@ -266,7 +288,13 @@ impl ProcessState {
             }
         }
         self.current_stack = None;
-        rows
+        if out.is_empty() {
+            // The usual case: hand over the vector itself, keep `out`'s allocation as spare.
+            std::mem::swap(out, &mut rows);
+        } else {
+            out.append(&mut rows);
+        }
+        self.spare_rows = rows;
     }
 
     /// An allocation failed for lack of memory (spec §6.6): the trigger row, then, at most
@@ -349,7 +377,7 @@ impl ProcessState {
     }
 
     fn apply_call(&mut self, ev: &CallEvent, ts_ns: u64, opts: &TrackOptions) -> Vec<Row> {
-        let mut rows = Vec::new();
+        let mut rows = std::mem::take(&mut self.spare_rows);
         let row =
             |event: &'static str, event_type: &'static str, name: String, device: DeviceKey| Row {
                 event,

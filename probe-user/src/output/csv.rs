@@ -2,9 +2,8 @@
 //! (time order), one file per device of each traced process.
 
 use std::{
-    collections::BTreeMap,
     fs::File,
-    io::{BufWriter, Write},
+    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -88,17 +87,64 @@ impl Row {
     }
 }
 
-/// Decimal digits of `v` (itoa: four digits per step, no bounds checks).
-pub fn push_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+/// "00" to "99": two decimal digits per table lookup.
+const DEC_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+/// Decimal digits of `v`, written straight into `out`'s spare capacity (the digit count is
+/// known up front, so the digits go to their final place, two per step, with no temporary
+/// buffer and no `memcpy` call).
+#[inline]
+pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let n = v.checked_ilog10().unwrap_or(0) as usize + 1;
+    out.reserve(n);
+    // SAFETY: `n` bytes are reserved past `len`; the loop writes exactly the `n` digits of
+    // `v` into them, from the last one back, before `set_len` exposes them.
+    unsafe {
+        let start = out.as_mut_ptr().add(out.len());
+        let mut end = start.add(n);
+        while v >= 100 {
+            let d = (v % 100) as usize * 2;
+            v /= 100;
+            end = end.sub(2);
+            std::ptr::copy_nonoverlapping(DEC_PAIRS.as_ptr().add(d), end, 2);
+        }
+        if v >= 10 {
+            end = end.sub(2);
+            std::ptr::copy_nonoverlapping(DEC_PAIRS.as_ptr().add(v as usize * 2), end, 2);
+        } else {
+            end = end.sub(1);
+            *end = b'0' + v as u8;
+        }
+        debug_assert_eq!(end, start);
+        out.set_len(out.len() + n);
+    }
 }
 
-/// `0x` and 16 lowercase hex digits.
-pub fn push_hex16(out: &mut Vec<u8>, v: u64) {
+/// Each byte value as two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// `0x` and 16 lowercase hex digits.
+#[inline]
+pub fn push_hex16(out: &mut Vec<u8>, v: u64) {
     let mut buf = *b"0x0000000000000000";
-    for (k, slot) in buf[2..].iter_mut().enumerate() {
-        *slot = HEX[((v >> (60 - 4 * k)) & 0xf) as usize];
+    for (k, b) in v.to_be_bytes().iter().enumerate() {
+        let pair = HEX_PAIRS[*b as usize];
+        buf[2 + 2 * k] = pair[0];
+        buf[3 + 2 * k] = pair[1];
     }
     out.extend_from_slice(&buf);
 }
@@ -113,41 +159,72 @@ pub fn quote_text(s: &str) -> String {
     format!("\"{}\"", clean.replace('"', "\"\""))
 }
 
-/// Where one device's rows go.
-enum Sink {
-    Csv(BufWriter<File>),
-    Db(DbWriter),
+/// Bytes of formatted rows kept before they are written to the file.
+const CSV_BUFFER: usize = 256 * 1024;
+
+/// A CSV file and its write buffer. Rows are formatted straight into the buffer (no
+/// per-row line copy, as a `BufWriter` would need); the buffer is written out when it passes
+/// [`CSV_BUFFER`], on `flush`, and (errors ignored, like `BufWriter`) on drop.
+struct CsvFile {
+    file: File,
+    buf: Vec<u8>,
 }
 
-thread_local! {
-    /// The line being formatted, reused so writing a row allocates nothing.
-    static LINE: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(256));
+impl CsvFile {
+    fn new(file: File) -> Self {
+        CsvFile {
+            file,
+            buf: Vec::with_capacity(CSV_BUFFER + 1024),
+        }
+    }
+
+    fn write_out(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let r = self.file.write_all(&self.buf);
+            self.buf.clear();
+            r?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CsvFile {
+    fn drop(&mut self) {
+        let _ = self.write_out();
+    }
+}
+
+/// Where one device's rows go.
+enum Sink {
+    Csv(CsvFile),
+    Db(DbWriter),
 }
 
 impl Sink {
     fn write(&mut self, id: u64, row: &Row) -> Result<()> {
         match self {
-            Sink::Csv(out) => LINE.with(|line| {
-                let mut line = line.borrow_mut();
-                line.clear();
-                row.format_into(id, &mut line);
-                Ok(out.write_all(&line)?)
-            }),
+            Sink::Csv(out) => {
+                row.format_into(id, &mut out.buf);
+                if out.buf.len() >= CSV_BUFFER {
+                    out.write_out()?;
+                }
+                Ok(())
+            }
             Sink::Db(db) => db.insert(id, row),
         }
     }
 
-    /// CSV: flush the buffer; db: commit the open transaction.
+    /// CSV: write the buffer out; db: commit the open transaction.
     fn flush(&mut self) -> Result<()> {
         match self {
-            Sink::Csv(out) => Ok(out.flush()?),
+            Sink::Csv(out) => Ok(out.write_out()?),
             Sink::Db(db) => db.commit(),
         }
     }
 
     fn finish(&mut self) -> Result<()> {
         match self {
-            Sink::Csv(out) => Ok(out.flush()?),
+            Sink::Csv(out) => Ok(out.write_out()?),
             Sink::Db(db) => db.finish(),
         }
     }
@@ -167,7 +244,8 @@ pub struct ProcessOutput {
     /// msMemScope stamps every db of a process with one timestamp.
     db_stamp: String,
     created: bool,
-    files: BTreeMap<DeviceKey, DeviceFile>,
+    /// Sorted by device; a handful at most, so a scan beats a map on every row.
+    files: Vec<(DeviceKey, DeviceFile)>,
     /// Rows not tied to a device, copied into each device file (also ones created later).
     na_rows: Vec<(u64, Row)>,
     next_id: u64,
@@ -196,7 +274,7 @@ impl ProcessOutput {
             format,
             db_stamp: stamp,
             created: false,
-            files: BTreeMap::new(),
+            files: Vec::new(),
             na_rows: Vec::new(),
             next_id: 0,
             rows_written: 0,
@@ -213,7 +291,7 @@ impl ProcessOutput {
 
     /// The dump files created so far, by device.
     pub fn dump_files(&self) -> Vec<PathBuf> {
-        self.files.values().map(|f| f.path.clone()).collect()
+        self.files.iter().map(|(_, f)| f.path.clone()).collect()
     }
 
     fn ensure_process_dir(&mut self) -> Result<()> {
@@ -247,8 +325,9 @@ impl ProcessOutput {
             DataFormat::Csv => {
                 let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
                 let file = fsutil::create_file_secure(&path)?;
-                let mut out = BufWriter::with_capacity(256 * 1024, file);
-                writeln!(out, "{CSV_HEADER}")?;
+                let mut out = CsvFile::new(file);
+                out.buf.extend_from_slice(CSV_HEADER.as_bytes());
+                out.buf.push(b'\n');
                 (path, Sink::Csv(out))
             }
             DataFormat::Db => {
@@ -276,38 +355,59 @@ impl ProcessOutput {
     }
 
     fn file_for(&mut self, device: DeviceKey) -> Result<&mut DeviceFile> {
-        if !self.files.contains_key(&device) {
-            let dir = self.device_dump_dir(device)?;
-            // Device-less rows seen so far come first, with the ids they were given: they
-            // happened before this device's first event, so the file stays in time order.
-            let file = self.open_dump(&dir, &self.na_rows)?;
-            self.files.insert(device, file);
-        }
-        Ok(self.files.get_mut(&device).expect("inserted above"))
+        let at = match self.files.iter().position(|(k, _)| *k == device) {
+            Some(at) => at,
+            None => {
+                let dir = self.device_dump_dir(device)?;
+                // Device-less rows seen so far come first, with the ids they were given: they
+                // happened before this device's first event, so the file stays in time order.
+                let file = self.open_dump(&dir, &self.na_rows)?;
+                let at = self.files.partition_point(|(k, _)| *k < device);
+                self.files.insert(at, (device, file));
+                at
+            }
+        };
+        Ok(&mut self.files[at].1)
     }
 
     /// Writes a row: to its device file, or for device-less rows to every device file.
     pub fn write(&mut self, row: Row) -> Result<()> {
+        if row.device == DeviceKey::NotApplicable {
+            return self.write_na(row);
+        }
+        self.write_ref(&row)
+    }
+
+    /// [`write`](Self::write) without taking the row (device-less rows, which are kept, are
+    /// cloned): the caller can reuse its row vector.
+    pub fn write_ref(&mut self, row: &Row) -> Result<()> {
+        if row.device == DeviceKey::NotApplicable {
+            return self.write_na(row.clone());
+        }
         let id = self.next_id;
         self.next_id += 1;
         self.rows_written += 1;
-        if row.device == DeviceKey::NotApplicable {
-            for f in self.files.values_mut() {
-                f.sink
-                    .write(id, &row)
-                    .with_context(|| format!("cannot write {}", f.path.display()))?;
-            }
-            self.na_rows.push((id, row));
-            return Ok(());
-        }
         let f = self.file_for(row.device)?;
         f.sink
-            .write(id, &row)
+            .write(id, row)
             .with_context(|| format!("cannot write {}", f.path.display()))
     }
 
+    fn write_na(&mut self, row: Row) -> Result<()> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.rows_written += 1;
+        for (_, f) in &mut self.files {
+            f.sink
+                .write(id, &row)
+                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        }
+        self.na_rows.push((id, row));
+        Ok(())
+    }
+
     pub fn flush(&mut self) -> Result<()> {
-        for f in self.files.values_mut() {
+        for (_, f) in &mut self.files {
             f.sink
                 .flush()
                 .with_context(|| format!("cannot write {}", f.path.display()))?;
@@ -321,9 +421,9 @@ impl ProcessOutput {
         if self.files.is_empty() && !self.na_rows.is_empty() {
             let dir = self.device_dump_dir(DeviceKey::NotApplicable)?;
             let file = self.open_dump(&dir, &self.na_rows)?;
-            self.files.insert(DeviceKey::NotApplicable, file);
+            self.files.push((DeviceKey::NotApplicable, file));
         }
-        for f in self.files.values_mut() {
+        for (_, f) in &mut self.files {
             f.sink
                 .finish()
                 .with_context(|| format!("cannot write {}", f.path.display()))?;
@@ -369,6 +469,23 @@ mod tests {
         sys.event_type = "ACL_INIT";
         assert_eq!(sys.format(0), "0,SYSTEM,ACL_INIT,N/A,5,7,8,N/A,N/A,,,\n");
         assert_eq!(quote_text("a\"b\nc"), "\"a\"\"b c\"");
+    }
+
+    #[test]
+    fn digits_match_std_formatting() {
+        let mut vals = vec![0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, u64::MAX, u64::MAX - 1];
+        for k in 0..20 {
+            let p = 10u64.pow(k);
+            vals.extend([p - 1, p, p + 1]);
+        }
+        for v in vals {
+            let mut out = b"x".to_vec();
+            push_u64(&mut out, v);
+            assert_eq!(out, format!("x{v}").as_bytes());
+            let mut out = Vec::new();
+            push_hex16(&mut out, v);
+            assert_eq!(out, format!("0x{v:016x}").as_bytes());
+        }
     }
 
     #[test]
