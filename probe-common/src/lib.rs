@@ -217,23 +217,12 @@ impl RawEvent {
     }
 }
 
-/// A call between entry and return for probes that capture no data (most of them): a fifth of
-/// a [`RawEvent`], so storing and finding it costs less.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PendingCall {
-    pub ts_ns: u64,
-    pub args: [u64; MAX_ARGS],
-    /// The thread group at entry: a return only pairs with an entry of the same process.
-    pub pid: u32,
-    pub cpu: u32,
-}
-
 /// Indexes of the per-CPU `COUNTERS` array.
 pub mod counter {
     /// Events dropped because the ring buffer was full.
     pub const RINGBUF_FULL: u32 = 0;
-    /// Calls whose entry could not be stored (pending map full): the return is lost.
+    /// Calls whose entry could not be stored (pending map full, or more than 8 calls in
+    /// flight on one thread): the return is lost.
     pub const PENDING_FULL: u32 = 1;
     /// Returns whose stored entry belongs to another process (a reused thread id).
     pub const ORPHAN_RETURN: u32 = 2;

@@ -20,17 +20,17 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
         bpf_probe_read_user, bpf_probe_read_user_str_bytes,
         generated::{
-            bpf_get_attach_cookie, bpf_get_smp_processor_id, bpf_get_stack, bpf_loop,
-            bpf_send_signal_thread,
+            bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_smp_processor_id,
+            bpf_get_stack, bpf_loop, bpf_send_signal_thread, bpf_task_storage_get,
         },
     },
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{btf_map, map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use probe_common::{
     CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2,
-    PendingCall, ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND,
+    ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND,
     StackEvent, TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
@@ -42,13 +42,105 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 #[map]
 static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
 
-/// Calls between entry and return, keyed by (tid << 32 | probe id): probes that copy data
-/// keep the whole event, the others a small `PendingCall`.
+/// Calls between entry and return of probes that copy data, keyed by (tid << 32 | probe id).
 #[map]
 static PENDING: HashMap<u64, RawEvent> = HashMap::with_max_entries(16384, 0);
 
-#[map]
-static PENDING_CALLS: HashMap<u64, PendingCall> = HashMap::with_max_entries(16384, 0);
+/// Calls of one thread in flight, innermost last (returns come back in LIFO order per thread).
+const PENDING_DEPTH: usize = 8;
+
+/// A call between entry and return for probes that capture no data (the HAL calls).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PendingSlot {
+    ts_ns: u64,
+    /// User stack pointer at entry: tells the call's own return from that of a deeper call
+    /// whose return never came (longjmp), and a stale slot from a live ancestor.
+    sp: u64,
+    args: [u64; MAX_ARGS],
+    probe: u32,
+    /// The thread group at entry.
+    pid: u32,
+}
+
+/// Per-thread LIFO of pending calls, in task-local storage: no hash, no lock, no key; freed
+/// with the thread.
+#[repr(C)]
+struct PendingStack {
+    depth: u32,
+    _pad: u32,
+    slots: [PendingSlot; PENDING_DEPTH],
+}
+
+/// `BPF_MAP_TYPE_TASK_STORAGE` in the BTF map form (aya-ebpf 0.2.1 has no wrapper for it):
+/// the kernel requires BTF for the key and value, `BPF_F_NO_PREALLOC` and `max_entries` 0.
+#[repr(C)]
+struct TaskStorage<T> {
+    r#type: *const [i32; aya_ebpf::bindings::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: placeholder pointers patched by the loader, never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    const fn new() -> Self {
+        TaskStorage {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The current task's value, created zeroed when `create` and missing.
+    #[inline(always)]
+    fn current(&self, create: bool) -> Option<&mut T> {
+        let flags = if create {
+            aya_ebpf::bindings::BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+        } else {
+            0
+        };
+        let p = unsafe {
+            bpf_task_storage_get(
+                self as *const Self as *mut c_void,
+                bpf_get_current_task_btf(),
+                core::ptr::null_mut(),
+                flags,
+            )
+        } as *mut T;
+        if p.is_null() {
+            None
+        } else {
+            Some(unsafe { &mut *p })
+        }
+    }
+}
+
+#[btf_map]
+static PENDING_STACKS: TaskStorage<PendingStack> = TaskStorage::new();
+
+/// The user stack pointer at a probe (0 where not known: matching then uses the probe id only).
+#[inline(always)]
+fn user_sp(ctx: *mut c_void) -> u64 {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        unsafe { (*(ctx as *const aya_ebpf::bindings::pt_regs)).rsp }
+    }
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        unsafe { (*(ctx as *const aya_ebpf::bindings::user_pt_regs)).sp }
+    }
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    {
+        let _ = ctx;
+        0
+    }
+}
 
 #[map]
 static PROBE_SPECS: Array<ProbeSpec> = Array::with_max_entries(MAX_PROBES, 0);
@@ -257,24 +349,43 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
     if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & DATA == 0 {
-        // The common case (HAL calls): only the arguments wait for the return.
-        let call = PendingCall {
-            ts_ns: unsafe { bpf_ktime_get_ns() },
-            args: [
-                ctx.arg::<u64>(0).unwrap_or(0),
-                ctx.arg::<u64>(1).unwrap_or(0),
-                ctx.arg::<u64>(2).unwrap_or(0),
-                ctx.arg::<u64>(3).unwrap_or(0),
-                ctx.arg::<u64>(4).unwrap_or(0),
-                ctx.arg::<u64>(5).unwrap_or(0),
-            ],
-            pid: tgid,
-            cpu: 0,
-        };
-        let key = ((tid as u64) << 32) | probe as u64;
-        if PENDING_CALLS.insert(&key, &call, 0).is_err() {
+        // The common case (HAL calls): only the arguments wait for the return, on this
+        // thread's pending stack.
+        let Some(st) = PENDING_STACKS.current(true) else {
             bump(counter::PENDING_FULL);
+            return None;
+        };
+        let sp = user_sp(ctx.as_ptr());
+        // Slots at or below our stack pointer belong to calls that can no longer return
+        // (left by longjmp, or from before an exec): drop them.
+        let mut depth = st.depth as usize;
+        if sp != 0 {
+            for _ in 0..PENDING_DEPTH {
+                if depth == 0 || st.slots[(depth - 1) & (PENDING_DEPTH - 1)].sp > sp {
+                    break;
+                }
+                depth -= 1;
+            }
         }
+        if depth >= PENDING_DEPTH {
+            st.depth = depth as u32;
+            bump(counter::PENDING_FULL);
+            return None;
+        }
+        let slot = &mut st.slots[depth & (PENDING_DEPTH - 1)];
+        slot.ts_ns = unsafe { bpf_ktime_get_ns() };
+        slot.sp = sp;
+        slot.args = [
+            ctx.arg::<u64>(0).unwrap_or(0),
+            ctx.arg::<u64>(1).unwrap_or(0),
+            ctx.arg::<u64>(2).unwrap_or(0),
+            ctx.arg::<u64>(3).unwrap_or(0),
+            ctx.arg::<u64>(4).unwrap_or(0),
+            ctx.arg::<u64>(5).unwrap_or(0),
+        ];
+        slot.probe = probe;
+        slot.pid = tgid;
+        st.depth = depth as u32 + 1;
         return Some(());
     }
     let ev = scratch(kind::CALL, tgid, tid)?;
@@ -544,12 +655,36 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
     if spec.flags & DATA == 0 {
-        let call = unsafe { &*PENDING_CALLS.get_ptr_mut(&key)? };
-        if call.pid != tgid {
-            bump(counter::ORPHAN_RETURN);
-            let _ = PENDING_CALLS.remove(&key);
+        // Untraced threads never stored a call, so they have no pending stack.
+        let st = PENDING_STACKS.current(false)?;
+        let sp = user_sp(ctx.as_ptr());
+        // Deeper calls whose returns never came (longjmp) sit above ours: drop them. At the
+        // return, sp is the entry's (aarch64) or 8 above it (x86-64, the popped return address).
+        let mut depth = st.depth as usize;
+        if sp != 0 {
+            for _ in 0..PENDING_DEPTH {
+                if depth == 0 || st.slots[(depth - 1) & (PENDING_DEPTH - 1)].sp + 8 >= sp {
+                    break;
+                }
+                depth -= 1;
+            }
+        }
+        if depth == 0 {
+            st.depth = 0;
             return None;
         }
+        st.depth = depth as u32;
+        let call = st.slots[(depth - 1) & (PENDING_DEPTH - 1)];
+        if call.probe != probe || call.sp > sp {
+            // Not ours: this call's entry was not stored (counted as PENDING_FULL then).
+            return None;
+        }
+        if call.pid != tgid {
+            st.depth = depth as u32 - 1;
+            bump(counter::ORPHAN_RETURN);
+            return None;
+        }
+        st.depth = depth as u32 - 1;
         // Only the header is sent for these calls: fill just that (no scratch() defaults).
         let ev = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
         ev.kind = kind::CALL;
@@ -562,7 +697,6 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         ev.ts_ns = call.ts_ns;
         ev.args = call.args;
         ev.deref = 0;
-        let _ = PENDING_CALLS.remove(&key);
         return finish_return(ctx, ev, &spec, tgid, tid, None);
     }
     let ev = unsafe { &mut *PENDING.get_ptr_mut(&key)? };

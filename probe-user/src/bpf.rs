@@ -59,6 +59,9 @@ impl Bpf {
         let mut ebpf = EbpfLoader::new()
             .override_global("TP_OFFSETS", offsets, true)
             .map_max_entries("EVENTS", ring_bytes)
+            // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
+            // only the BPF side uses it.
+            .allow_unsupported_maps()
             .load(BPF_OBJECT)
             .context(
                 "loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)",
