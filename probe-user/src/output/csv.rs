@@ -473,7 +473,20 @@ mod tests {
 
     #[test]
     fn digits_match_std_formatting() {
-        let mut vals = vec![0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, u64::MAX, u64::MAX - 1];
+        let mut vals = vec![
+            0,
+            1,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            u64::MAX,
+            u64::MAX - 1,
+        ];
         for k in 0..20 {
             let p = 10u64.pow(k);
             vals.extend([p - 1, p, p + 1]);
