@@ -30,8 +30,8 @@ use aya_ebpf::{
 };
 use probe_common::{
     CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2,
-    ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND,
-    StackEvent, TracepointOffsets, counter, event_flags, kind, spec_flags,
+    ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent,
+    TracepointOffsets, counter, event_flags, kind, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -41,6 +41,12 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 /// tgid -> parent tgid (0 for a root given by user space). Only these processes are traced.
 #[map]
 static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(32768, 0);
+
+/// Bumped by user space whenever it removes a process from `TRACED`: a thread's pending stack
+/// remembers the generation in which its process was found traced, which spares the hot path
+/// the `TRACED` lookup until the next removal.
+#[map]
+static TRACED_GEN: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Calls between entry and return of probes that copy data, keyed by (tid << 32 | probe id).
 #[map]
@@ -68,7 +74,8 @@ struct PendingSlot {
 #[repr(C)]
 struct PendingStack {
     depth: u32,
-    _pad: u32,
+    /// `TRACED_GEN + 1` when this thread's process was last found in `TRACED` (0: never).
+    traced_gen: u32,
     slots: [PendingSlot; PENDING_DEPTH],
 }
 
@@ -290,6 +297,40 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 /// for every call) was most of our cost above the empty-program floor.
 const WAKE_AFTER_BYTES: u64 = 256 << 10;
 
+/// The header of a [`RawEvent`] (all a call without data sends), built in the ring buffer.
+#[repr(C)]
+struct CallHeader {
+    kind: u16,
+    flags: u16,
+    probe: u16,
+    data_len: u16,
+    pid: u32,
+    tid: u32,
+    cpu: u32,
+    _pad: u32,
+    ts_ns: u64,
+    ret_ts_ns: u64,
+    args: [u64; MAX_ARGS],
+    ret: u64,
+    deref: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<CallHeader>() == RAW_HEADER);
+const _: () =
+    assert!(core::mem::offset_of!(CallHeader, ts_ns) == core::mem::offset_of!(RawEvent, ts_ns));
+const _: () =
+    assert!(core::mem::offset_of!(CallHeader, deref) == core::mem::offset_of!(RawEvent, deref));
+
+/// Wakeup flags for a batched record (a call or a batch chunk not stopping the process).
+#[inline(always)]
+fn batched_wake_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 #[inline(always)]
 fn emit(ev: &RawEvent) {
     // Process-tree and library events, and anything that stopped the process, wake user
@@ -297,13 +338,7 @@ fn emit(ev: &RawEvent) {
     // into it; a stopped process waits for us); calls and batch chunks are batched.
     let batched =
         (ev.kind == kind::CALL || ev.kind == kind::CHUNK) && ev.flags & event_flags::STOPPED == 0;
-    let flags = if !batched {
-        0
-    } else if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
+    let flags = if batched { batched_wake_flags() } else { 0 };
     // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
     // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
     // and chunks stay under it), so the mask never cuts data.
@@ -342,7 +377,15 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     let (tgid, tid) = current_ids();
-    if !is_traced(tgid) {
+    // A thread with a pending stack that saw its process traced since the last removal from
+    // TRACED is still traced; others look it up.
+    let st = PENDING_STACKS.current(false);
+    let generation = TRACED_GEN.get(0).copied().unwrap_or(0).wrapping_add(1);
+    let cached = match &st {
+        Some(st) => st.traced_gen == generation,
+        None => false,
+    };
+    if !cached && !is_traced(tgid) {
         return None;
     }
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
@@ -351,10 +394,17 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & DATA == 0 {
         // The common case (HAL calls): only the arguments wait for the return, on this
         // thread's pending stack.
-        let Some(st) = PENDING_STACKS.current(true) else {
-            bump(counter::PENDING_FULL);
-            return None;
+        let st = match st {
+            Some(st) => st,
+            None => match PENDING_STACKS.current(true) {
+                Some(st) => st,
+                None => {
+                    bump(counter::PENDING_FULL);
+                    return None;
+                }
+            },
         };
+        st.traced_gen = generation;
         let sp = user_sp(ctx.as_ptr());
         // Slots at or below our stack pointer belong to calls that can no longer return
         // (left by longjmp, or from before an exec): drop them.
@@ -685,19 +735,45 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             return None;
         }
         st.depth = depth as u32 - 1;
-        // Only the header is sent for these calls: fill just that (no scratch() defaults).
-        let ev = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
-        ev.kind = kind::CALL;
-        ev.flags = 0;
-        ev.probe = probe as u16;
-        ev.data_len = 0;
-        ev.pid = tgid;
-        ev.tid = tid;
-        ev.cpu = 0;
-        ev.ts_ns = call.ts_ns;
-        ev.args = call.args;
-        ev.deref = 0;
-        return finish_return(ctx, ev, &spec, tgid, tid, None);
+        let ret_ts_ns = unsafe { bpf_ktime_get_ns() };
+        let mut flags = event_flags::HAS_RET;
+        let mut deref = 0;
+        if spec.flags & spec_flags::DEREF_AT_RETURN != 0 {
+            let ptr = match call.args.get(spec.deref_arg as usize) {
+                Some(a) => *a as *const u64,
+                None => 0 as *const u64,
+            };
+            match unsafe { bpf_probe_read_user(ptr) } {
+                Ok(v) => deref = v,
+                Err(_) => flags |= event_flags::DEREF_FAULT,
+            }
+        }
+        // The stack sample goes first: records reach user space in reservation order.
+        emit_stack(ctx.as_ptr(), tgid, tid, call.ts_ns);
+        // Only the header is sent for these calls: written straight into the ring buffer
+        // (no per-CPU scratch event, no copy).
+        let wake = batched_wake_flags();
+        let Some(mut entry) = EVENTS.reserve::<CallHeader>(0) else {
+            bump(counter::RINGBUF_FULL);
+            return None;
+        };
+        entry.write(CallHeader {
+            kind: kind::CALL,
+            flags,
+            probe: probe as u16,
+            data_len: 0,
+            pid: tgid,
+            tid,
+            cpu: 0,
+            _pad: 0,
+            ts_ns: call.ts_ns,
+            ret_ts_ns,
+            args: call.args,
+            ret: ctx.ret::<u64>(),
+            deref,
+        });
+        entry.submit(wake);
+        return Some(());
     }
     let ev = unsafe { &mut *PENDING.get_ptr_mut(&key)? };
     if ev.pid != tgid {

@@ -50,6 +50,9 @@ pub struct Bpf {
     known_paths: HashMap<MapData, u64, u8>,
     specs: Array<MapData, ProbeSpec>,
     counters: PerCpuArray<MapData, u64>,
+    /// Bumped after every removal from `traced` (see `TRACED_GEN` in probe-ebpf).
+    traced_gen: Array<MapData, u32>,
+    generation: u32,
 }
 
 impl Bpf {
@@ -89,6 +92,7 @@ impl Bpf {
         let known_paths = HashMap::try_from(take_map(&mut ebpf, "KNOWN_PATHS")?)?;
         let specs = Array::try_from(take_map(&mut ebpf, "PROBE_SPECS")?)?;
         let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)?;
+        let traced_gen = Array::try_from(take_map(&mut ebpf, "TRACED_GEN")?)?;
         Ok((
             Bpf {
                 ebpf,
@@ -103,6 +107,8 @@ impl Bpf {
                 known_paths,
                 specs,
                 counters,
+                traced_gen,
+                generation: 0,
             },
             ring,
         ))
@@ -168,6 +174,9 @@ impl Bpf {
 
     pub fn forget_process(&mut self, pid: u32) {
         let _ = self.traced.remove(&pid);
+        // Threads of `pid` that cached "traced" must look it up again.
+        self.generation = self.generation.wrapping_add(1);
+        let _ = self.traced_gen.set(0, self.generation, 0);
     }
 
     /// (program, runs, total ns) of every program that ran, when statistics are on.
