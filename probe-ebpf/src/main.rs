@@ -8,7 +8,9 @@
 //!   get probes too.
 //!
 //! Every event is filtered on `TRACED` first, so other processes calling the same library pay
-//! only the uprobe trap and one hash lookup.
+//! only the uprobe trap, a task-storage miss and one hash lookup. A thread that already has a
+//! pending-call stack remembers that its process is traced until user space removes any
+//! process from `TRACED` (`TRACED_GEN`), so traced HAL calls skip the lookup.
 #![no_std]
 #![no_main]
 
