@@ -7,6 +7,7 @@
 //! `--compare` and `analyze`.
 
 pub mod analysis;
+pub mod atb;
 pub mod attach;
 pub mod bpf;
 pub mod cli;

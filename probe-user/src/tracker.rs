@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use crate::atb::AtbOut;
+
 use crate::{
     analysis::{
         decompose::Decompose,
@@ -98,8 +100,10 @@ pub struct ProcessStats {
     pub ops: u64,
     pub accesses: u64,
     pub launches: u64,
-    /// ATen accesses to an address inside no known pool block.
+    /// ATen and ATB accesses to an address inside no known pool block.
     pub unmatched_accesses: u64,
+    /// ATB kernels (`SaveLaunchParam` before-calls).
+    pub atb_kernels: u64,
 }
 
 /// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
@@ -149,6 +153,10 @@ pub struct ProcessState {
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// Start address -> key of the live ATB pool blocks.
+    atb_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// ATB calls being put back together from their probes' events.
+    atb: crate::atb::AtbAssembler,
     /// The operator an ATen access belongs to.
     current_op: Option<String>,
     /// Kernel launches so far (a block's `kernel_index` is this at its allocation).
@@ -597,6 +605,16 @@ impl ProcessState {
                     rows.push(r);
                 }
             }
+            Call::Atb {
+                object,
+                pack,
+                event,
+            } => {
+                let outs = self
+                    .atb
+                    .on_event(ev.tid, *object, *pack, event.clone(), ts_ns);
+                self.atb_rows(outs, ev.tid, opts, &mut rows);
+            }
             Call::RegionsUnregister { domain, refs, .. } => {
                 let before = self.pools.unmatched;
                 for change in self.pools.regions_unregistered(*domain, refs) {
@@ -634,6 +652,9 @@ impl ProcessState {
             u32::MAX,
             PageType::Normal,
         );
+        if c.pool == PoolKind::Atb {
+            self.atb_by_addr.insert(c.addr, c.addr);
+        }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.insert(c.addr, c.addr);
             if opts.inefficient {
@@ -684,6 +705,9 @@ impl ProcessState {
             self.decompose.on_free(&block.owner(), block.size);
         }
         let mut found = String::new();
+        if c.pool == PoolKind::Atb {
+            self.atb_by_addr.remove(&c.addr);
+        }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.remove(&c.addr);
             if opts.inefficient {
@@ -827,6 +851,123 @@ impl ProcessState {
                 c_stack: None,
             });
         }
+    }
+
+    /// Rows for assembled ATB events: OP_LAUNCH ATB_START/ATB_END (`--level` op), KERNEL_LAUNCH
+    /// KERNEL_START/KERNEL_END (`--level` kernel) and ACCESS rows on the ATB pool block that
+    /// holds each tensor (spec §1.8, §3.2).
+    fn atb_rows(&mut self, outs: Vec<AtbOut>, tid: u32, opts: &TrackOptions, rows: &mut Vec<Row>) {
+        let pid = self.pid;
+        let row = |event, event_type, name: String, ts_ns, device, attr| Row {
+            event,
+            event_type,
+            name: name.into(),
+            ts_ns,
+            pid,
+            tid,
+            device,
+            ptr: None,
+            attr,
+            c_stack: None,
+        };
+        for o in outs {
+            let start = matches!(o, AtbOut::OpStart { .. });
+            match o {
+                AtbOut::OpStart {
+                    name,
+                    path,
+                    workspace,
+                    workspace_size,
+                    ts_ns,
+                }
+                | AtbOut::OpEnd {
+                    name,
+                    path,
+                    workspace,
+                    workspace_size,
+                    ts_ns,
+                } => {
+                    if start {
+                        self.stats.ops += 1;
+                    }
+                    if opts.write_op_launch
+                        && let Some(device) = self.mstx_device(tid, opts)
+                    {
+                        let attr = format!(
+                            "path:{path},workspace_ptr:0x{workspace:x},workspace_size:{workspace_size}"
+                        );
+                        let ty = if start { "ATB_START" } else { "ATB_END" };
+                        rows.push(row("OP_LAUNCH", ty, name, ts_ns, device, attr));
+                    }
+                }
+                AtbOut::Kernel {
+                    name,
+                    path,
+                    end,
+                    ts_ns,
+                } => {
+                    if !end {
+                        self.stats.atb_kernels += 1;
+                    }
+                    if opts.write_kernel_launch
+                        && let Some(device) = self.mstx_device(tid, opts)
+                    {
+                        let ty = if end { "KERNEL_END" } else { "KERNEL_START" };
+                        let attr = format!("path:{path}");
+                        rows.push(row("KERNEL_LAUNCH", ty, name, ts_ns, device, attr));
+                    }
+                }
+                AtbOut::Access {
+                    owner,
+                    tensor,
+                    write,
+                    ts_ns,
+                } => {
+                    self.stats.accesses += 1;
+                    let ptr = tensor.addr;
+                    let block = self
+                        .atb_by_addr
+                        .range(..=ptr)
+                        .next_back()
+                        .and_then(|(_, key)| self.pool_blocks.get(&(PoolKind::Atb, *key)))
+                        .filter(|b| ptr.saturating_add(tensor.size.max(1)) <= b.addr + b.size);
+                    let Some(block) = block else {
+                        self.stats.unmatched_accesses += 1;
+                        continue;
+                    };
+                    if !opts.dump.access || !self.wants_device(opts, block.device) {
+                        continue;
+                    }
+                    let attr = format!(
+                        "allocation_id:{},addr:0x{:016x},size:{},type:ATB,{}",
+                        block.allocation_id,
+                        block.addr,
+                        block.size,
+                        tensor.attr()
+                    );
+                    let ty = if write { "WRITE" } else { "UNKNOWN" };
+                    let mut r = row(
+                        "ACCESS",
+                        ty,
+                        owner,
+                        ts_ns,
+                        DeviceKey::from_id(block.device),
+                        attr,
+                    );
+                    r.ptr = Some(ptr);
+                    rows.push(r);
+                }
+            }
+        }
+    }
+
+    /// End of the process: ATB operators that never returned still get their rows.
+    pub fn finish_atb(&mut self, opts: &TrackOptions) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (tid, outs) in self.atb.finish() {
+            self.atb_rows(outs, tid, opts, &mut rows);
+        }
+        rows
     }
 
     /// Blocks the inefficient analysis flagged: (allocation id, addr, size, types).
