@@ -14,6 +14,7 @@ pub mod cli;
 pub mod decode;
 pub mod hal;
 pub mod kernels;
+pub mod labels;
 pub mod launch;
 pub mod log;
 pub mod offline;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::atb::AtbOut;
+use crate::labels::{self, Labels, ThreadLabels};
 
 use crate::{
     analysis::{
@@ -57,19 +58,22 @@ pub struct Block {
     pub stack: Option<std::sync::Arc<str>>,
     /// Kernel launches the process had made before this allocation.
     pub kernel_index: u64,
+    /// Decompose labels of levels 1-7 (`labels.rs`); pool blocks only, with `decompose`.
+    pub labels: Option<Box<Labels>>,
 }
 
 impl Block {
     /// The decompose label of the block (spec §2.7): `CANN@<module>` for driver memory (by the
     /// module of the allocation flag, or of `drv_mem_prop`), the pool for pool regions.
     pub fn owner(&self) -> String {
-        match self.kind {
-            BlockKind::Pool(PoolKind::PtaCaching) => "PTA".into(),
-            BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE".into(),
-            BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE".into(),
-            BlockKind::Pool(PoolKind::Atb) => "ATB".into(),
-            _ => format!("CANN@{}", module_label(self.module_id)),
-        }
+        let framework = match self.kind {
+            BlockKind::Pool(PoolKind::PtaCaching) => "PTA",
+            BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE",
+            BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE",
+            BlockKind::Pool(PoolKind::Atb) => "ATB",
+            _ => return format!("CANN@{}", module_label(self.module_id)),
+        };
+        labels::compose(framework, self.labels.as_deref())
     }
 }
 
@@ -157,6 +161,8 @@ pub struct ProcessState {
     atb_by_addr: std::collections::BTreeMap<u64, u64>,
     /// ATB calls being put back together from their probes' events.
     atb: crate::atb::AtbAssembler,
+    /// Decompose labels pushed by each thread (`memscope-label-*` marks).
+    thread_labels: HashMap<u32, ThreadLabels>,
     /// The operator an ATen access belongs to.
     current_op: Option<String>,
     /// Kernel launches so far (a block's `kernel_index` is this at its allocation).
@@ -519,6 +525,9 @@ impl ProcessState {
             Call::Mark { text } if text.starts_with("memscope-aten-") => {
                 self.aten_mark(text, ev.tid, ts_ns, opts, &mut rows);
             }
+            Call::Mark { text } if text.starts_with("memscope-label-") => {
+                self.label_mark(text, ev.tid, opts);
+            }
             // Marks for the NPU sanitizer are never MSTX rows (msMemScope routes them away).
             Call::Mark { text } if text.starts_with("sanitizer-op:") => {}
             Call::Mark { text } => {
@@ -642,7 +651,7 @@ impl ProcessState {
             self.gaps.on_update(c.pool, c.device, c.allocated);
         }
         self.stats.pool_mallocs += 1;
-        let block = self.new_block(
+        let mut block = self.new_block(
             c.addr,
             c.size,
             c.device,
@@ -652,6 +661,9 @@ impl ProcessState {
             u32::MAX,
             PageType::Normal,
         );
+        if opts.decompose {
+            block.labels = self.thread_labels.get(&tid).and_then(|t| t.snapshot());
+        }
         if c.pool == PoolKind::Atb {
             self.atb_by_addr.insert(c.addr, c.addr);
         }
@@ -820,6 +832,13 @@ impl ProcessState {
                 self.inefficient
                     .event(block.allocation_id, MemEvent::Access);
             }
+            self.relabel(
+                (PoolKind::PtaCaching, block.addr),
+                labels::DETAIL_2,
+                "ops",
+                true,
+                opts,
+            );
             let device = match field(body, "device")
                 .and_then(|d| d.strip_prefix("npu:").and_then(|n| n.parse().ok()))
             {
@@ -851,6 +870,80 @@ impl ProcessState {
                 c_stack: None,
             });
         }
+    }
+
+    /// A `memscope-label-*` mark (labels.rs). Bad marks are reported, never rows.
+    fn label_mark(&mut self, text: &str, tid: u32, opts: &TrackOptions) {
+        if !opts.decompose {
+            return;
+        }
+        match labels::parse_mark(text) {
+            Ok(labels::LabelMark::Push { level, label }) => {
+                if let Err(e) = self
+                    .thread_labels
+                    .entry(tid)
+                    .or_default()
+                    .push(level, &label)
+                {
+                    self.messages
+                        .push(format!("pid {} tid {tid}: {e}", self.pid));
+                }
+            }
+            Ok(labels::LabelMark::Pop { level, label }) => {
+                if let Some(t) = self.thread_labels.get_mut(&tid) {
+                    t.pop(level, &label);
+                }
+            }
+            Ok(labels::LabelMark::Addr { ptr, level, label }) => {
+                let key = self
+                    .pta_by_addr
+                    .range(..=ptr)
+                    .next_back()
+                    .map(|(_, k)| (PoolKind::PtaCaching, *k))
+                    .filter(|k| {
+                        self.pool_blocks
+                            .get(k)
+                            .is_some_and(|b| ptr < b.addr + b.size)
+                    });
+                match key {
+                    Some(key) => self.relabel(key, level, &label, false, opts),
+                    None => self.messages.push(format!(
+                        "pid {}: {text:?}: no live PTA block holds 0x{ptr:x}",
+                        self.pid
+                    )),
+                }
+            }
+            Err(e) => self
+                .messages
+                .push(format!("pid {}: ignored {text:?}: {e}", self.pid)),
+        }
+    }
+
+    /// Sets one label level of a live pool block and moves its bytes to the new owner.
+    /// `weak`: only when that level is empty (the `ops` tag of accesses).
+    fn relabel(
+        &mut self,
+        key: (PoolKind, u64),
+        level: usize,
+        label: &str,
+        weak: bool,
+        opts: &TrackOptions,
+    ) {
+        if !opts.decompose {
+            return;
+        }
+        let Some(b) = self.pool_blocks.get_mut(&key) else {
+            return;
+        };
+        let slot = &b.labels.as_ref().and_then(|l| l[level - 1].clone());
+        if slot.as_deref() == Some(label) || (weak && slot.is_some()) {
+            return;
+        }
+        let old = b.owner();
+        b.labels.get_or_insert_with(Default::default)[level - 1] = Some(label.into());
+        let new = b.owner();
+        self.decompose.on_free(&old, b.size);
+        self.decompose.on_alloc(&new, b.size);
     }
 
     /// Rows for assembled ATB events: OP_LAUNCH ATB_START/ATB_END (`--level` op), KERNEL_LAUNCH
@@ -1088,6 +1181,7 @@ impl ProcessState {
             page_type,
             stack: self.current_stack.clone(),
             kernel_index: self.kernel_index,
+            labels: None,
         }
     }
 
@@ -1834,6 +1928,94 @@ mod tests {
             .map(|(_, v)| v.current)
             .sum();
         assert_eq!(driver, p.live_blocks().iter().map(|b| b.size).sum::<u64>());
+    }
+
+    #[test]
+    fn labels_ops_tag_and_addr_relabel_move_bytes_between_owners() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.decompose = true;
+        let mark = |text: &str| Call::Mark { text: text.into() };
+        let region = |ptr, size| crate::decode::RegionDesc {
+            device: 0,
+            ptr,
+            size,
+            handle: 0,
+        };
+        let register = |r: Vec<crate::decode::RegionDesc>| Call::RegionsRegister {
+            domain: 7,
+            regions: r,
+            first: 0,
+            total: 1,
+        };
+        let mut t = 0;
+        let mut apply = |p: &mut ProcessState, tid, call| {
+            t += 1;
+            p.apply(&ev(tid, call), t, &o, None)
+        };
+        apply(
+            &mut p,
+            1,
+            Call::DomainCreate {
+                name: "ptaCaching".into(),
+                handle: 7,
+            },
+        );
+        apply(&mut p, 1, mark("memscope-label-push: level=1;label=vllm"));
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-push: level=3;label=weights"),
+        );
+        // Another thread's labels do not apply to thread 1, and vice versa.
+        apply(&mut p, 2, mark("memscope-label-push: level=5;label=mine"));
+        let r = apply(&mut p, 1, register(vec![region(0x1000, 100)]));
+        assert!(
+            r[0].attr.ends_with(",owner:PTA@vllm@weights"),
+            "{}",
+            r[0].attr
+        );
+        let r = apply(&mut p, 2, register(vec![region(0x2000, 50)]));
+        assert!(r[0].attr.ends_with(",owner:PTA@mine"), "{}", r[0].attr);
+        apply(&mut p, 1, mark("memscope-label-pop: level=3;label=weights"));
+        apply(&mut p, 1, mark("memscope-label-pop: level=1;label=vllm"));
+        let r = apply(&mut p, 1, register(vec![region(0x3000, 10)]));
+        assert!(r[0].attr.ends_with(",owner:PTA"), "{}", r[0].attr);
+        // Label marks are neither MSTX rows nor counted as marks.
+        assert_eq!(p.stats.marks, 0);
+
+        // An ATen access tags DETAIL_2 "ops" when it is empty; a second one changes nothing.
+        let access = |ptr: u64| {
+            mark(&format!(
+                "memscope-aten-ac:ptr={ptr};is_write=True;is_read=False;is_output=True;name=op;shape=[1];dtype=torch.float16;tensor_size=2;device=npu:0"
+            ))
+        };
+        apply(&mut p, 1, access(0x3004));
+        apply(&mut p, 1, access(0x3004));
+        apply(&mut p, 1, access(0x1000));
+        // describe_addr: relabel the block holding 0x2010 at level 4, over the weak tag's level.
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-addr: ptr=0x2010;level=4;label=kv"),
+        );
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-addr: ptr=0x9999;level=4;label=x"),
+        );
+        apply(&mut p, 1, mark("memscope-label-push: level=9;label=x"));
+        assert_eq!(p.messages.len(), 2, "{:?}", p.messages);
+        let owners = p.decompose.owners();
+        let cur = |k: &str| owners.get(k).map(|b| (b.current, b.peak));
+        assert_eq!(cur("PTA@vllm@weights@ops"), Some((100, 100)));
+        assert_eq!(cur("PTA@vllm@weights"), Some((0, 100)));
+        assert_eq!(cur("PTA@ops"), Some((10, 10)));
+        assert_eq!(cur("PTA"), Some((0, 10)));
+        assert_eq!(cur("PTA@kv@mine"), Some((50, 50)));
+        // The owners still add up to the live pool memory.
+        let live: u64 = owners.values().map(|b| b.current).sum();
+        assert_eq!(live, 160);
     }
 
     #[test]
