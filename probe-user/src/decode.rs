@@ -66,6 +66,9 @@ pub enum Call {
         tiling_key: Option<u64>,
         stream: u64,
         name: Option<String>,
+        /// For `aclrt*` launches (traced to their return): how long the call took. `rt*`
+        /// launches the same thread makes within it are that call's own, not new launches.
+        duration_ns: Option<u64>,
     },
     /// `range`: the heap's `mstxMemVirtualRangeDesc_t`, when it could be read.
     HeapRegister {
@@ -414,6 +417,7 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                     tiling_key: (id == ProbeId::RtKernelLaunchWithHandleV2).then_some(raw.args[1]),
                     stream: raw.args[a.stream_arg],
                     name: (a.kernel == crate::probes::KernelRef::Name).then(text),
+                    duration_ns: has_ret.then(|| raw.ret_ts_ns.saturating_sub(raw.ts_ns)),
                 },
                 raw.ts_ns,
             )

@@ -182,12 +182,21 @@ pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
 
+/// `rt*` launches are entry probes. The `aclrt*` ones are traced to their return too: the
+/// runtime launches they make on the way are not counted again (spec §1.4).
 const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDef {
+    let acl = matches!(
+        id,
+        ProbeId::AclrtLaunchKernelWithConfig
+            | ProbeId::AclrtLaunchKernelWithHostArgs
+            | ProbeId::AclrtLaunchKernelImpl
+            | ProbeId::AclrtLaunchKernelV2Impl
+    );
     ProbeDef {
         id,
         symbol,
         home: Home::Library(lib),
-        spec: spec(0, 0, 0, 0),
+        spec: spec(if acl { sf::WANTS_RETURN } else { 0 }, 0, 0, 0),
     }
 }
 

@@ -108,6 +108,8 @@ pub struct ProcessStats {
     pub unmatched_accesses: u64,
     /// ATB kernels (`SaveLaunchParam` before-calls).
     pub atb_kernels: u64,
+    /// `rt*` launches made inside an `aclrt*` launch (counted once, as the aclrt* one).
+    pub nested_launches: u64,
 }
 
 /// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
@@ -167,6 +169,8 @@ pub struct ProcessState {
     current_op: Option<String>,
     /// Kernel launches so far (a block's `kernel_index` is this at its allocation).
     kernel_index: u64,
+    /// Thread -> end of its latest `aclrt*` launch call (realtime ns).
+    aclrt_launch_until: HashMap<u32, u64>,
     /// Stream pointer -> (stream number, next task number).
     streams: HashMap<u64, (u32, u64)>,
     /// The stack of the call being applied (set by `apply`).
@@ -596,7 +600,20 @@ impl ProcessState {
                 tiling_key,
                 stream,
                 name,
+                duration_ns,
             } => {
+                if let Some(d) = duration_ns {
+                    self.aclrt_launch_until
+                        .insert(ev.tid, ts_ns.saturating_add(*d));
+                } else if self
+                    .aclrt_launch_until
+                    .get(&ev.tid)
+                    .is_some_and(|until| ts_ns <= *until)
+                {
+                    // The runtime launch inside an aclrt* launch on this thread.
+                    self.stats.nested_launches += 1;
+                    return rows;
+                }
                 self.kernel_index += 1;
                 self.stats.launches += 1;
                 let next = self.streams.len() as u32;
@@ -2016,6 +2033,46 @@ mod tests {
         // The owners still add up to the live pool memory.
         let live: u64 = owners.values().map(|b| b.current).sum();
         assert_eq!(live, 160);
+    }
+
+    #[test]
+    fn runtime_launches_inside_an_aclrt_launch_are_not_counted_twice() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.dump.launch = true;
+        let launch = |api, duration_ns| Call::KernelLaunch {
+            api,
+            kernel: 0x40,
+            tiling_key: None,
+            stream: 0x99,
+            name: Some("k".into()),
+            duration_ns,
+        };
+        let acl = launch(
+            crate::probes::ProbeId::AclrtLaunchKernelWithConfig,
+            Some(100),
+        );
+        let rt = launch(crate::probes::ProbeId::RtKernelLaunchWithHandleV2, None);
+        let mut rows = Vec::new();
+        rows.extend(p.apply(&ev(1, acl.clone()), 1000, &o, None));
+        // Inside the aclrt* call on its thread: its own runtime launch.
+        rows.extend(p.apply(&ev(1, rt.clone()), 1050, &o, None));
+        rows.extend(p.apply(&ev(1, rt.clone()), 1100, &o, None));
+        // Another thread at the same time, and the same thread afterwards: real launches.
+        rows.extend(p.apply(&ev(2, rt.clone()), 1060, &o, None));
+        rows.extend(p.apply(&ev(1, rt), 1101, &o, None));
+        assert_eq!(rows.len(), 3);
+        assert_eq!(p.stats.launches, 3);
+        assert_eq!(p.stats.nested_launches, 2);
+        let tasks: Vec<&str> = rows.iter().map(|r| r.attr.as_str()).collect();
+        assert_eq!(
+            tasks,
+            [
+                "streamId:0,taskId:0",
+                "streamId:0,taskId:1",
+                "streamId:0,taskId:2"
+            ]
+        );
     }
 
     #[test]
