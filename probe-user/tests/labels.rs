@@ -16,6 +16,36 @@ fn fields(line: &str) -> BTreeMap<&str, &str> {
         .collect()
 }
 
+/// (address, owner) of the PTA MALLOC rows, in row order.
+fn pool_owners(rows: &[Vec<String>]) -> Vec<(u64, String)> {
+    rows.iter()
+        .filter(|r| r[1] == "MALLOC" && r[2] == "PTA")
+        .map(|r| {
+            let owner = r[9]
+                .trim_matches(|c| c == '{' || c == '}')
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("owner:"))
+                .unwrap()
+                .to_string();
+            (u64::from_str_radix(&r[8][2..], 16).unwrap(), owner)
+        })
+        .collect()
+}
+
+/// (address, owner) of the log's BLOCK lines.
+fn logged_owners(text: &str) -> Vec<(u64, String)> {
+    text.lines()
+        .filter(|l| l.starts_with("BLOCK "))
+        .map(|l| {
+            let b = fields(l);
+            (
+                u64::from_str_radix(&b["addr"][2..], 16).unwrap(),
+                b["owner"].to_string(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn labels_from_marks_name_the_owners_of_blocks_and_the_breakdown() {
     if !require_root("labels_from_marks_name_the_owners_of_blocks_and_the_breakdown") {
@@ -49,29 +79,7 @@ fn labels_from_marks_name_the_owners_of_blocks_and_the_breakdown() {
     let rows = parse_dump_records(&dump);
 
     // Every pool block carries the owner it had when allocated.
-    let mallocs: Vec<(u64, String)> = rows
-        .iter()
-        .filter(|r| r[1] == "MALLOC" && r[2] == "PTA")
-        .map(|r| {
-            let owner = r[9]
-                .trim_matches(|c| c == '{' || c == '}')
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("owner:"))
-                .unwrap()
-                .to_string();
-            (u64::from_str_radix(&r[8][2..], 16).unwrap(), owner)
-        })
-        .collect();
-    let want: Vec<(u64, String)> = lines("BLOCK")
-        .iter()
-        .map(|b| {
-            (
-                u64::from_str_radix(&b["addr"][2..], 16).unwrap(),
-                b["owner"].to_string(),
-            )
-        })
-        .collect();
-    assert_eq!(mallocs, want);
+    assert_eq!(pool_owners(&rows), logged_owners(&text));
     // Label marks are not MSTX rows.
     assert!(rows.iter().all(|r| !r[3].contains("memscope-label")));
 
@@ -97,4 +105,45 @@ fn labels_from_marks_name_the_owners_of_blocks_and_the_breakdown() {
         .map(|b| b["size"].parse::<u64>().unwrap())
         .sum();
     assert_eq!(at_end.values().sum::<u64>(), live);
+}
+
+/// The same through CPython: python/memscope_labels.py used by a script that dlopens the
+/// simulated libraries with ctypes (the tracer finds them as they are opened).
+#[test]
+fn python_programs_label_their_memory_with_memscope_labels() {
+    if !require_root("python_programs_label_their_memory_with_memscope_labels") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("labels_py");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let script = repo_root().join("tests/fixtures/python/label_train.py");
+    let libs = fixtures().join("lib");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--analysis=decompose",
+        "--",
+        "python3",
+        script.to_str().unwrap(),
+        "--lib-dir",
+        libs.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("SUMMARY pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pdir = process_dir(&out_dir, pid).unwrap();
+    let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+    let want = logged_owners(&text);
+    assert_eq!(want.len(), 4);
+    assert_eq!(pool_owners(&parse_dump_records(&dump)), want);
 }
