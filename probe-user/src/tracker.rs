@@ -156,6 +156,8 @@ pub struct ProcessState {
     pub messages: Vec<String>,
     pub decompose: Decompose,
     pub inefficient: InefficientAnalyzer,
+    /// The same for the ATB pool, fed by ATB operators (msMemScope keeps them apart).
+    pub inefficient_atb: InefficientAnalyzer,
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
@@ -683,6 +685,10 @@ impl ProcessState {
         }
         if c.pool == PoolKind::Atb {
             self.atb_by_addr.insert(c.addr, c.addr);
+            if opts.inefficient {
+                self.inefficient_atb
+                    .event(block.allocation_id, MemEvent::Malloc);
+            }
         }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.insert(c.addr, c.addr);
@@ -736,6 +742,12 @@ impl ProcessState {
         let mut found = String::new();
         if c.pool == PoolKind::Atb {
             self.atb_by_addr.remove(&c.addr);
+            if opts.inefficient {
+                found = inefficient::attr_value(
+                    self.inefficient_atb
+                        .event(block.allocation_id, MemEvent::Free),
+                );
+            }
         }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.remove(&c.addr);
@@ -1000,6 +1012,13 @@ impl ProcessState {
                     if start {
                         self.stats.ops += 1;
                     }
+                    if opts.inefficient {
+                        if start {
+                            self.inefficient_atb.op_start();
+                        } else {
+                            self.inefficient_atb.op_end();
+                        }
+                    }
                     if opts.write_op_launch
                         && let Some(device) = self.mstx_device(tid, opts)
                     {
@@ -1045,6 +1064,10 @@ impl ProcessState {
                         self.stats.unmatched_accesses += 1;
                         continue;
                     };
+                    if opts.inefficient {
+                        self.inefficient_atb
+                            .event(block.allocation_id, MemEvent::Access);
+                    }
                     if !opts.dump.access || !self.wants_device(opts, block.device) {
                         continue;
                     }
@@ -1085,6 +1108,7 @@ impl ProcessState {
         let mut v: Vec<(u64, String)> = self
             .inefficient
             .flagged()
+            .chain(self.inefficient_atb.flagged())
             .map(|(id, f)| (id, inefficient::attr_value(f)))
             .collect();
         v.sort();
@@ -2073,6 +2097,130 @@ mod tests {
                 "streamId:0,taskId:2"
             ]
         );
+    }
+
+    #[test]
+    fn atb_operators_and_accesses_feed_their_own_inefficient_analysis() {
+        use crate::decode::{AtbEvent, AtbTensor, RegionDesc, RegionRef};
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.dump.access = true;
+        let mut t = 0;
+        let mut apply = |p: &mut ProcessState, call| {
+            t += 1;
+            p.apply(&ev(1, call), t, &o, None)
+        };
+        let atb = |object, event| Call::Atb {
+            object,
+            pack: object * 10,
+            event,
+        };
+        let region = |ptr| RegionDesc {
+            device: 0,
+            ptr,
+            size: 64,
+            handle: 0,
+        };
+        let tensor = |addr| AtbTensor {
+            addr,
+            size: 16,
+            dtype: 1,
+            format: 2,
+            shape: vec![4, 2],
+        };
+        apply(
+            &mut p,
+            Call::DomainCreate {
+                name: "atb".into(),
+                handle: 8,
+            },
+        );
+        apply(
+            &mut p,
+            Call::HeapRegister {
+                domain: 8,
+                heap: 0x77,
+                range: Some(RegionDesc {
+                    device: 0,
+                    ptr: 0x1000,
+                    size: 0x10000,
+                    handle: 0,
+                }),
+            },
+        );
+        let start = |p: &mut ProcessState,
+                     apply: &mut dyn FnMut(&mut ProcessState, Call) -> Vec<Row>,
+                     runner: u64| {
+            apply(p, atb(runner, AtbEvent::Name(format!("op{runner}"))));
+            apply(p, atb(runner, AtbEvent::Dir("d".into())));
+            apply(
+                p,
+                atb(
+                    runner,
+                    AtbEvent::Pack {
+                        workspace: 0,
+                        workspace_size: 0,
+                    },
+                ),
+            )
+        };
+        let uses = |runner, addr| {
+            atb(
+                runner,
+                AtbEvent::Tensors {
+                    output: false,
+                    after: false,
+                    tensors: vec![tensor(addr)],
+                    first: 0,
+                },
+            )
+        };
+        let register = |ptr| Call::RegionsRegister {
+            domain: 8,
+            regions: vec![region(ptr)],
+            first: 0,
+            total: 1,
+        };
+        let unregister = |ptr| Call::RegionsUnregister {
+            domain: 8,
+            refs: vec![RegionRef::Pointer(ptr)],
+            first: 0,
+            total: 1,
+        };
+        // op 1 allocates A (0x1000) and B (0x2000) and uses B.
+        let r = start(&mut p, &mut apply, 1);
+        assert_eq!(r[0].event_type, "ATB_START");
+        apply(&mut p, register(0x1000));
+        apply(&mut p, register(0x2000));
+        let r = apply(&mut p, uses(1, 0x2008));
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:2,addr:0x0000000000002000,size:64,type:ATB,dtype:1,format:2,shape:[4,2,]"
+        );
+        assert_eq!(
+            apply(&mut p, atb(1, AtbEvent::End))[0].event_type,
+            "ATB_END"
+        );
+        // op 2 frees B; op 3 first uses A: early allocation of A.
+        start(&mut p, &mut apply, 2);
+        apply(&mut p, unregister(0x2000));
+        apply(&mut p, atb(2, AtbEvent::End));
+        start(&mut p, &mut apply, 3);
+        apply(&mut p, uses(3, 0x1000));
+        apply(&mut p, atb(3, AtbEvent::End));
+        let r = apply(&mut p, unregister(0x1000));
+        assert!(
+            r[0].attr.ends_with(",inefficient_type:early_allocation"),
+            "{}",
+            r[0].attr
+        );
+        assert_eq!(
+            p.inefficient_blocks(),
+            vec![(1, "early_allocation".to_string())]
+        );
+        // The PTA analysis saw none of it.
+        assert_eq!(p.inefficient.flagged().count(), 0);
+        assert_eq!((p.stats.ops, p.stats.accesses), (3, 2));
     }
 
     #[test]
