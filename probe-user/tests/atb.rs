@@ -4,20 +4,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
 use common::*;
-
-fn fields(line: &str) -> BTreeMap<&str, &str> {
-    line.split(' ')
-        .skip(1)
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
-fn hex(s: &str) -> u64 {
-    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
-}
 
 /// One start/end row with the accesses that follow it (their order among themselves is the
 /// order the probes on one instruction ran in, which the kernel does not fix).
@@ -57,7 +44,7 @@ fn trace(name: &str, level: &str, events: &str, iters: &str) -> Traced {
     let pid: u32 = log
         .lines()
         .find(|l| l.starts_with("SUMMARY "))
-        .map(|l| fields(l)["pid"].parse().unwrap())
+        .map(|l| log_fields(l)["pid"].parse().unwrap())
         .unwrap();
     let dump = std::fs::read_to_string(
         &find_files(&process_dir(&out_dir, pid).unwrap(), "memscope_dump_")[0],
@@ -76,13 +63,13 @@ fn expected_groups(log: &str, ops: bool, kernels: bool, accesses: bool) -> Vec<G
         .lines()
         .filter(|l| l.starts_with("ATB_POOL_REGION "))
         .map(|l| {
-            let f = fields(l);
+            let f = log_fields(l);
             (hex(f["addr"]), f["size"].parse().unwrap())
         })
         .collect();
     let mut groups: Vec<Group> = Vec::new();
     for line in log.lines() {
-        let f = fields(line);
+        let f = log_fields(line);
         let kind = line.split(' ').next().unwrap();
         match kind {
             "ATB_OP" | "ATB_KERNEL" => {

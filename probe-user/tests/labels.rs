@@ -9,13 +9,6 @@ use std::collections::BTreeMap;
 
 use common::*;
 
-fn fields(line: &str) -> BTreeMap<&str, &str> {
-    line.split(' ')
-        .skip(1)
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
 /// (address, owner) of the PTA MALLOC rows, in row order.
 fn pool_owners(rows: &[Vec<String>]) -> Vec<(u64, String)> {
     rows.iter()
@@ -37,7 +30,7 @@ fn logged_owners(text: &str) -> Vec<(u64, String)> {
     text.lines()
         .filter(|l| l.starts_with("BLOCK "))
         .map(|l| {
-            let b = fields(l);
+            let b = log_fields(l);
             (
                 u64::from_str_radix(&b["addr"][2..], 16).unwrap(),
                 b["owner"].to_string(),
@@ -67,12 +60,7 @@ fn labels_from_marks_name_the_owners_of_blocks_and_the_breakdown() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let text = std::fs::read_to_string(&log).unwrap();
-    let lines = |kind: &str| -> Vec<BTreeMap<&str, &str>> {
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{kind} ")))
-            .map(fields)
-            .collect()
-    };
+    let lines = |kind: &str| log_lines(&text, kind);
     let pid: u32 = lines("SUMMARY")[0]["pid"].parse().unwrap();
     let pdir = process_dir(&out_dir, pid).unwrap();
     let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
