@@ -127,6 +127,13 @@ pub mod spec_flags {
     /// Stop the process at entry (when `stop_on_discovery`): user space needs it intact, as
     /// at `exit()` where it snapshots the mappings its stacks are symbolized with.
     pub const STOP_AT_ENTRY: u32 = 1 << 6;
+    /// With `INDIRECT`: the pointed-to data is a NUL-terminated string (a C++ `std::string`'s
+    /// characters, say), read up to its NUL or `indirect_len` bytes, never past a fault.
+    pub const INDIRECT_STR: u32 = 1 << 7;
+    /// The function may be re-entered on one thread before it returns (an ATB graph runner
+    /// executes its node runners): entries waiting for their return are told apart by the
+    /// stack pointer, not only by thread and probe.
+    pub const NESTED: u32 = 1 << 8;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

@@ -133,23 +133,16 @@ impl<T> TaskStorage<T> {
 #[btf_map]
 static PENDING_STACKS: TaskStorage<PendingStack> = TaskStorage::new();
 
-/// The user stack pointer at a probe (0 where not known: matching then uses the probe id only).
-#[inline(always)]
-fn user_sp(ctx: *mut c_void) -> u64 {
-    #[cfg(bpf_target_arch = "x86_64")]
-    {
-        unsafe { (*(ctx as *const aya_ebpf::bindings::pt_regs)).rsp }
-    }
-    #[cfg(bpf_target_arch = "aarch64")]
-    {
-        unsafe { (*(ctx as *const aya_ebpf::bindings::user_pt_regs)).sp }
-    }
-    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
-    {
-        let _ = ctx;
-        0
-    }
+/// Entries of `NESTED` probes: the stack pointer at entry tells recursive calls apart.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NestedKey {
+    call: u64,
+    sp: u64,
 }
+
+#[map]
+static PENDING_NESTED: HashMap<NestedKey, RawEvent> = HashMap::with_max_entries(4096, 0);
 
 #[map]
 static PROBE_SPECS: Array<ProbeSpec> = Array::with_max_entries(MAX_PROBES, 0);
@@ -393,7 +386,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
-    if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & DATA == 0 {
+    if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & (DATA | spec_flags::NESTED) == 0 {
         // The common case (HAL calls): only the arguments wait for the return, on this
         // thread's pending stack.
         let st = match st {
@@ -407,7 +400,7 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
             },
         };
         st.traced_gen = generation;
-        let sp = user_sp(ctx.as_ptr());
+        let sp = stack_pointer(ctx.as_ptr());
         // Slots at or below our stack pointer belong to calls that can no longer return
         // (left by longjmp, or from before an exec): drop them.
         let mut depth = st.depth as usize;
@@ -466,7 +459,16 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
 
     if spec.flags & spec_flags::WANTS_RETURN != 0 {
         let key = ((tid as u64) << 32) | probe as u64;
-        if PENDING.insert(&key, ev, 0).is_err() {
+        let stored = if spec.flags & spec_flags::NESTED != 0 {
+            let nested = NestedKey {
+                call: key,
+                sp: stack_pointer(ctx.as_ptr()),
+            };
+            PENDING_NESTED.insert(&nested, ev, 0)
+        } else {
+            PENDING.insert(&key, ev, 0)
+        };
+        if stored.is_err() {
             bump(counter::PENDING_FULL);
         }
     } else if spec.flags & spec_flags::BATCH != 0 {
@@ -509,6 +511,25 @@ fn copy_indirect(ev: &mut RawEvent, spec: &ProbeSpec) {
     let at = ev.data_len as usize & (DATA_LEN / 2 - 1);
     let len = spec.indirect_len as usize & (DATA_LEN / 2 - 1);
     if src == 0 || len == 0 {
+        return;
+    }
+    if spec.flags & spec_flags::INDIRECT_STR != 0 {
+        // Returns the bytes copied including the NUL; a string cut at `len` ends with a NUL too.
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user_str(
+                ev.data.as_mut_ptr().add(at) as *mut c_void,
+                len as u32,
+                src as *const c_void,
+            )
+        };
+        if rc > 0 {
+            ev.data_len = (at + (rc as usize & (DATA_LEN / 2 - 1))) as u16;
+            if rc as usize >= len {
+                ev.flags |= event_flags::DATA_TRUNCATED;
+            }
+        } else {
+            ev.flags |= event_flags::DATA_FAULT;
+        }
         return;
     }
     let rc = unsafe {
@@ -697,6 +718,32 @@ pub fn call_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// How far the stack pointer moved between a function's entry and its return probe: x86-64's
+/// `ret` pops the return address; arm64 returns through the link register.
+#[cfg(bpf_target_arch = "x86_64")]
+const RETURN_SP_DELTA: u64 = 8;
+#[cfg(not(bpf_target_arch = "x86_64"))]
+const RETURN_SP_DELTA: u64 = 0;
+
+#[inline(always)]
+fn stack_pointer(ctx: *mut c_void) -> u64 {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::pt_regs) };
+        regs.rsp
+    }
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::user_pt_regs) };
+        regs.sp
+    }
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    {
+        let _ = ctx;
+        0
+    }
+}
+
 #[inline(always)]
 fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     // No traced-set lookup here: only traced processes store entries, and the entry's
@@ -706,10 +753,24 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let key = ((tid as u64) << 32) | probe as u64;
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
+    if spec.flags & spec_flags::NESTED != 0 {
+        let nested = NestedKey {
+            call: key,
+            sp: stack_pointer(ctx.as_ptr()).wrapping_sub(RETURN_SP_DELTA),
+        };
+        let ev = unsafe { &mut *PENDING_NESTED.get_ptr_mut(&nested)? };
+        if ev.pid == tgid {
+            finish_return(ctx, ev, &spec, tgid, tid, None);
+        } else {
+            bump(counter::ORPHAN_RETURN);
+        }
+        let _ = PENDING_NESTED.remove(&nested);
+        return Some(());
+    }
     if spec.flags & DATA == 0 {
         // Untraced threads never stored a call, so they have no pending stack.
         let st = PENDING_STACKS.current(false)?;
-        let sp = user_sp(ctx.as_ptr());
+        let sp = stack_pointer(ctx.as_ptr());
         // Deeper calls whose returns never came (longjmp) sit above ours: drop them. At the
         // return, sp is the entry's (aarch64) or 8 above it (x86-64, the popped return address).
         let mut depth = st.depth as usize;

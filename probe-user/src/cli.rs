@@ -477,6 +477,14 @@ ANALYSIS:
         --analysis <LIST>           leaks | decompose | inefficient | oom[:K] | none
                                     [default: leaks]; K is 1..=1000 [default: 10]. Analyses add
                                     the events they need to the collection without writing them
+                                    leaks: blocks never freed, per process and per mstx step
+                                    decompose: bytes per owner (CANN@module, PTA, ATB, ... plus
+                                      labels a program sends as memscope-label-push/pop marks;
+                                      python/memscope_labels.py does it from Python)
+                                    inefficient: early_allocation, late_deallocation and
+                                      temporary_idleness of PTA and ATB pool blocks
+                                    oom: on an out-of-memory failure, the K newest and K largest
+                                      live blocks with their stacks
 
 OUTPUT:
     -o, --output-path <DIR>         Output directory [default: ./memscopeDumpResults]
@@ -486,7 +494,9 @@ OUTPUT:
 ANALYZE (first argument 'analyze'; a program named analyze runs with '-- analyze'):
     -i, --input-path <DUMP>         The dump to analyze (a regular file, not a symlink, at most
                                     8 GiB): HAL blocks never freed are reported as leaks
-                                    (summary on stderr, leaks_<ts>.csv under --output-path).
+                                    (summary on stderr, leaks_<ts>.csv under --output-path),
+                                    and the dump is replayed through decompose, inefficient
+                                    and the OOM rows it holds.
                                     Only -i, -o, --log-level, -v and -q apply
 
 MISC:
@@ -512,6 +522,10 @@ EXAMPLES:
 
     # Kernel-level tracing with C and Python stacks
     sudo {PROGRAM_NAME} --level=op,kernel --call-stack=c:20,python:10 -- python train.py
+
+    # Operators, kernels (ATen and ATB), tensor accesses and the memory breakdown
+    sudo {PROGRAM_NAME} --level=op,kernel --events=alloc,free,launch,access \\
+        --analysis=leaks,decompose,inefficient -- python train.py
 
     # Compare two runs
     {PROGRAM_NAME} --compare --input-path=base/memscope_dump_1.csv,new/memscope_dump_2.csv

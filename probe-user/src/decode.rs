@@ -66,6 +66,9 @@ pub enum Call {
         tiling_key: Option<u64>,
         stream: u64,
         name: Option<String>,
+        /// For `aclrt*` launches (traced to their return): how long the call took. `rt*`
+        /// launches the same thread makes within it are that call's own, not new launches.
+        duration_ns: Option<u64>,
     },
     /// `range`: the heap's `mstxMemVirtualRangeDesc_t`, when it could be read.
     HeapRegister {
@@ -90,6 +93,79 @@ pub enum Call {
         first: u64,
         total: u64,
     },
+    /// One part of an ATB call (spec §1.8): `object` is the runner of `Runner::Execute`
+    /// (with its `pack`), or the `Mki::LaunchParam` of `SaveLaunchParam` (`pack` 0).
+    Atb {
+        object: u64,
+        pack: u64,
+        event: AtbEvent,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AtbEvent {
+    /// The runner's operation name (entry).
+    Name(String),
+    /// The runner's save-tensor directory (entry).
+    Dir(String),
+    /// The variant pack's workspace (entry): `workspace_size` is the workspace plus the
+    /// intermediate buffer, as msMemScope reports it.
+    Pack { workspace: u64, workspace_size: u64 },
+    /// `Runner::Execute` returned.
+    End,
+    /// Tensors of the pack, before (entry) or after (return) execution; `first` is the index
+    /// of `tensors[0]` in the array.
+    Tensors {
+        output: bool,
+        after: bool,
+        tensors: Vec<AtbTensor>,
+        first: u64,
+    },
+    /// `SaveLaunchParam`'s directory path, `<dir>/<kernel>/before` or `.../after`.
+    KernelDir(String),
+    /// The launch parameter's tensors.
+    KernelTensors {
+        output: bool,
+        tensors: Vec<AtbTensor>,
+        first: u64,
+    },
+}
+
+/// An `atb::Tensor` (probes::atb has the layout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AtbTensor {
+    pub addr: u64,
+    pub size: u64,
+    pub dtype: i32,
+    pub format: i32,
+    pub shape: Vec<i64>,
+}
+
+impl AtbTensor {
+    fn from_bytes(b: &[u8]) -> Option<Self> {
+        use crate::probes::atb;
+        let dims = (u64_at(b, atb::TENSOR_DIM_NUM)? as usize).min(atb::TENSOR_DIMS);
+        Some(AtbTensor {
+            addr: u64_at(b, atb::TENSOR_DEVICE_DATA)?,
+            size: u64_at(b, atb::TENSOR_DATA_SIZE)?,
+            dtype: u32_at(b, 0)? as i32,
+            format: u32_at(b, 4)? as i32,
+            shape: (0..dims)
+                .map(|i| u64_at(b, 8 + i * 8).map(|d| d as i64))
+                .collect::<Option<_>>()?,
+        })
+    }
+
+    /// msMemScope's ATB access Attr: `dtype:<enum>,format:<enum>,shape:[d0,d1,]`.
+    pub fn attr(&self) -> String {
+        let mut s = format!("dtype:{},format:{},shape:[", self.dtype, self.format);
+        for d in &self.shape {
+            s.push_str(&d.to_string());
+            s.push(',');
+        }
+        s.push(']');
+        s
+    }
 }
 
 /// A memory region reported by a framework pool (`mstxMemVirtualRangeDesc_t`), with the handle
@@ -346,12 +422,51 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                     tiling_key: (id == ProbeId::RtKernelLaunchWithHandleV2).then_some(raw.args[1]),
                     stream: raw.args[a.stream_arg],
                     name: (a.kernel == crate::probes::KernelRef::Name).then(text),
+                    duration_ns: has_ret.then(|| raw.ret_ts_ns.saturating_sub(raw.ts_ns)),
                 },
                 raw.ts_ns,
             )
         }
         // Batches arrive as CHUNK events; a CALL record of these is never emitted.
         ProbeId::MstxMemRegionsRegister | ProbeId::MstxMemRegionsUnregister => return None,
+        _ => {
+            use crate::probes::{AtbPart, atb, atb_part};
+            let string = || indirect_string(raw, id);
+            let (object, pack) = (raw.args[0], raw.args[1]);
+            let (object, event, ts) = match atb_part(id)? {
+                AtbPart::Name => (object, AtbEvent::Name(string()?), raw.ts_ns),
+                AtbPart::Dir => (object, AtbEvent::Dir(string()?), raw.ts_ns),
+                AtbPart::Pack => {
+                    if raw.flags & event_flags::DATA_FAULT != 0 {
+                        return None;
+                    }
+                    let d = raw.data();
+                    let size = u64_at(d, atb::PACK_WORKSPACE_SIZE)?
+                        .saturating_add(u64_at(d, atb::PACK_INTERMEDIATE_SIZE)?);
+                    let event = AtbEvent::Pack {
+                        workspace: u64_at(d, atb::PACK_WORKSPACE)?,
+                        workspace_size: size,
+                    };
+                    (object, event, raw.ts_ns)
+                }
+                AtbPart::End => (object, AtbEvent::End, raw.ret_ts_ns),
+                AtbPart::KernelDir => (raw.args[1], AtbEvent::KernelDir(string()?), raw.ts_ns),
+                AtbPart::Tensors { .. } | AtbPart::KernelTensors { .. } => return None,
+            };
+            let pack = if matches!(event, AtbEvent::KernelDir(_)) {
+                0
+            } else {
+                pack
+            };
+            (
+                Call::Atb {
+                    object,
+                    pack,
+                    event,
+                },
+                ts,
+            )
+        }
     };
     if id_wants_return(id) && !has_ret {
         return None;
@@ -415,7 +530,42 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
                 raw.ts_ns,
             )
         }
-        _ => return None,
+        id => {
+            let part = crate::probes::atb_part(id)?;
+            let n = n.min(crate::probes::atb::TENSORS_PER_CHUNK as usize);
+            let size = crate::probes::atb::TENSOR_SIZE as usize;
+            let tensors = (0..n)
+                .filter_map(|i| AtbTensor::from_bytes(data.get(i * size..(i + 1) * size)?))
+                .collect();
+            match part {
+                crate::probes::AtbPart::Tensors { output, after } => (
+                    Call::Atb {
+                        object: raw.args[0],
+                        pack: raw.args[1],
+                        event: AtbEvent::Tensors {
+                            output,
+                            after,
+                            tensors,
+                            first,
+                        },
+                    },
+                    if after { raw.ret_ts_ns } else { raw.ts_ns },
+                ),
+                crate::probes::AtbPart::KernelTensors { output } => (
+                    Call::Atb {
+                        object: raw.args[1],
+                        pack: 0,
+                        event: AtbEvent::KernelTensors {
+                            output,
+                            tensors,
+                            first,
+                        },
+                    },
+                    raw.ts_ns,
+                ),
+                _ => return None,
+            }
+        }
     };
     Some(CallEvent {
         pid: raw.pid,
@@ -424,6 +574,17 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
         call,
         at_return: id_wants_return(ProbeId::from_raw(raw.probe)?),
     })
+}
+
+/// The string an `INDIRECT_STR` probe appended after the struct it copied, up to its NUL.
+fn indirect_string(raw: &RawEvent, id: ProbeId) -> Option<String> {
+    if raw.flags & event_flags::DATA_FAULT != 0 {
+        return None;
+    }
+    let spec = crate::probes::PROBES.iter().find(|p| p.id == id)?.spec;
+    let s = raw.data().get(spec.data_len as usize..)?;
+    let s = s.split(|b| *b == 0).next().unwrap_or(s);
+    Some(String::from_utf8_lossy(s).into_owned())
 }
 
 fn id_wants_return(id: ProbeId) -> bool {
@@ -515,5 +676,70 @@ mod tests {
         let mut half = call_raw(ProbeId::HalMemAlloc);
         half.flags = 0;
         assert!(decode(&half).is_none());
+    }
+
+    #[test]
+    fn atb_strings_and_tensor_chunks() {
+        let mut r = call_raw(ProbeId::AtbRunnerName);
+        r.flags = 0;
+        r.args[0] = 0x1000;
+        r.args[1] = 0x2000;
+        // 16 bytes of the runner (vtable, name pointer), then the name with its NUL.
+        r.data[16..23].copy_from_slice(b"Linear\0");
+        r.data_len = 23;
+        let Some(Decoded::Call(c)) = decode(&r) else {
+            panic!()
+        };
+        assert_eq!(
+            c.call,
+            Call::Atb {
+                object: 0x1000,
+                pack: 0x2000,
+                event: AtbEvent::Name("Linear".into())
+            }
+        );
+        assert_eq!(c.ts_mono, 100);
+        r.flags = event_flags::DATA_FAULT;
+        assert!(decode(&r).is_none());
+
+        let mut chunk = call_raw(ProbeId::AtbOutAfter);
+        chunk.kind = kind::CHUNK;
+        chunk.args = [0x1000, 0x2000, 3, 2, 1, 0];
+        let t = &mut chunk.data[..104];
+        t[0..4].copy_from_slice(&1i32.to_ne_bytes());
+        t[4..8].copy_from_slice(&29i32.to_ne_bytes());
+        t[8..16].copy_from_slice(&2i64.to_ne_bytes());
+        t[16..24].copy_from_slice(&8i64.to_ne_bytes());
+        t[72..80].copy_from_slice(&2u64.to_ne_bytes());
+        t[80..88].copy_from_slice(&0x12c0_0000_0100u64.to_ne_bytes());
+        t[96..104].copy_from_slice(&64u64.to_ne_bytes());
+        chunk.data_len = 104;
+        let Some(Decoded::Call(c)) = decode(&chunk) else {
+            panic!()
+        };
+        let tensor = AtbTensor {
+            addr: 0x12c0_0000_0100,
+            size: 64,
+            dtype: 1,
+            format: 29,
+            shape: vec![2, 8],
+        };
+        assert_eq!(tensor.attr(), "dtype:1,format:29,shape:[2,8,]");
+        assert_eq!(
+            c.call,
+            Call::Atb {
+                object: 0x1000,
+                pack: 0x2000,
+                event: AtbEvent::Tensors {
+                    output: true,
+                    after: true,
+                    tensors: vec![tensor],
+                    first: 2
+                }
+            }
+        );
+        // After tensors are read at the return.
+        assert_eq!(c.ts_mono, 200);
+        assert!(c.at_return);
     }
 }

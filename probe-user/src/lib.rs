@@ -7,12 +7,14 @@
 //! `--compare` and `analyze`.
 
 pub mod analysis;
+pub mod atb;
 pub mod attach;
 pub mod bpf;
 pub mod cli;
 pub mod decode;
 pub mod hal;
 pub mod kernels;
+pub mod labels;
 pub mod launch;
 pub mod log;
 pub mod offline;

@@ -271,6 +271,31 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
             "pid {pid}: {rows} rows; {} malloc, {} free, {} create, {} release, {} mark, {} range",
             stats.mallocs, stats.frees, stats.creates, stats.releases, stats.marks, stats.ranges
         ));
+        if stats.pool_mallocs + stats.ops + stats.launches + stats.atb_kernels + stats.accesses > 0
+        {
+            let mut line = format!(
+                "pid {pid}: {} pool malloc, {} pool free, {} operator, {} kernel launch, {} ATB kernel, {} access",
+                stats.pool_mallocs,
+                stats.pool_frees,
+                stats.ops,
+                stats.launches,
+                stats.atb_kernels,
+                stats.accesses
+            );
+            if stats.nested_launches > 0 {
+                line.push_str(&format!(
+                    " ({} runtime launch(es) inside aclrt* launches counted once)",
+                    stats.nested_launches
+                ));
+            }
+            log::info(&line);
+        }
+        if stats.unmatched_accesses > 0 {
+            log::info(&format!(
+                "pid {pid}: {} access(es) to addresses in no known pool block (not written as rows)",
+                stats.unmatched_accesses
+            ));
+        }
         if stats.unmatched_frees > 0 {
             log::warn(&format!(
                 "pid {pid}: {} free(s) of addresses never seen allocated (allocated before tracing started?)",

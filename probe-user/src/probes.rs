@@ -35,6 +35,21 @@ pub enum ProbeId {
     AclrtLaunchKernelWithHostArgs = 24,
     AclrtLaunchKernelImpl = 25,
     AclrtLaunchKernelV2Impl = 26,
+    // ATB (spec §1.8): several probes share one function, each capturing one part of the call.
+    AtbRunnerName = 27,
+    AtbRunnerDir = 28,
+    AtbRunnerPack = 29,
+    AtbInBefore = 30,
+    AtbOutBefore = 31,
+    AtbRunnerEnd = 32,
+    AtbInAfter = 33,
+    AtbOutAfter = 34,
+    AtbKernelDir = 35,
+    AtbKernelIn = 36,
+    AtbKernelOut = 37,
+    AtbKernelDirAbi0 = 38,
+    AtbKernelInAbi0 = 39,
+    AtbKernelOutAbi0 = 40,
 }
 
 impl ProbeId {
@@ -73,14 +88,16 @@ pub const MSTX_LIBRARY: &str = "libms_tools_ext.so";
 pub const RUNTIME_LIBRARY: &str = "libruntime.so";
 pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
 pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
+pub const ATB_LIBRARY: &str = "libatb.so";
 /// Library names searched for ahead of time so they get probes before they are mapped.
-pub const KNOWN_LIBRARIES: [&str; 6] = [
+pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
     ACL_LIBRARY,
     MSTX_LIBRARY,
     RUNTIME_LIBRARY,
     ACL_IMPL_LIBRARY,
     ACL_RT_IMPL_LIBRARY,
+    ATB_LIBRARY,
 ];
 
 /// Where a kernel launch entry point keeps what names the kernel and its stream.
@@ -165,16 +182,108 @@ pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
 
+/// `rt*` launches are entry probes. The `aclrt*` ones are traced to their return too: the
+/// runtime launches they make on the way are not counted again (spec §1.4).
 const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDef {
+    let acl = matches!(
+        id,
+        ProbeId::AclrtLaunchKernelWithConfig
+            | ProbeId::AclrtLaunchKernelWithHostArgs
+            | ProbeId::AclrtLaunchKernelImpl
+            | ProbeId::AclrtLaunchKernelV2Impl
+    );
     ProbeDef {
         id,
         symbol,
         home: Home::Library(lib),
-        spec: spec(0, 0, 0, 0),
+        spec: spec(if acl { sf::WANTS_RETURN } else { 0 }, 0, 0, 0),
     }
 }
 
-pub const PROBES: [ProbeDef; 26] = [
+/// ATB layout (spec §1.8 names the functions, not the objects; these are the offsets of the
+/// simulated libatb.so, tests/fixtures/include/atb.h, built with the C++11 string ABI).
+pub mod atb {
+    /// `atb::Tensor`: dtype (i32) at 0, format (i32) at 4, dims (8 x i64) at 8, dimNum at 72,
+    /// deviceData at 80, dataSize at 96.
+    pub const TENSOR_SIZE: u32 = 104;
+    pub const TENSOR_DIMS: usize = 8;
+    pub const TENSOR_DIM_NUM: usize = 72;
+    pub const TENSOR_DEVICE_DATA: usize = 80;
+    pub const TENSOR_DATA_SIZE: usize = 96;
+    /// Tensors per CHUNK event (2 x 104 bytes).
+    pub const TENSORS_PER_CHUNK: u32 = 2;
+    /// `SVector<T>`: data pointer at 0, element count at 8.
+    pub const SVECTOR_DATA: u32 = 0;
+    pub const SVECTOR_SIZE: u32 = 8;
+    /// `RunnerVariantPack`: inTensors at 0, outTensors at 24, workspaceBuffer at 64,
+    /// workspaceBufferSize at 72, intermediateBufferSize at 88; 104 bytes are copied.
+    pub const PACK_IN: u32 = 0;
+    pub const PACK_OUT: u32 = 24;
+    pub const PACK_WORKSPACE: usize = 64;
+    pub const PACK_WORKSPACE_SIZE: usize = 72;
+    pub const PACK_INTERMEDIATE_SIZE: usize = 88;
+    pub const PACK_COPY: u32 = 104;
+    /// `Runner`: the character pointers of `name_` (at 8) and `saveTensorDir_` (at 40). The
+    /// first word of a `std::string` points to its characters in both string ABIs.
+    pub const RUNNER_NAME: u32 = 8;
+    pub const RUNNER_DIR: u32 = 40;
+    /// `Mki::LaunchParam`: inTensors at 0, outTensors at 24.
+    pub const PARAM_IN: u32 = 0;
+    pub const PARAM_OUT: u32 = 24;
+    /// Longest name or path read (bytes, with the NUL).
+    pub const STRING_MAX: u32 = 127;
+    pub const EXECUTE: &str = "_ZN3atb6Runner7ExecuteERNS_17RunnerVariantPackE";
+    pub const SAVE_LAUNCH_PARAM_ABI1: &str = "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
+    pub const SAVE_LAUNCH_PARAM_ABI0: &str =
+        "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKSs";
+}
+
+/// A string reached through a pointer at `ptr_off` of the struct argument `arg`.
+const fn string_field(arg: u32, ptr_off: u32) -> ProbeSpec {
+    ProbeSpec {
+        indirect_off: ptr_off,
+        indirect_len: atb::STRING_MAX,
+        ..spec(
+            sf::DATA_IS_BYTES | sf::INDIRECT | sf::INDIRECT_STR,
+            arg,
+            ptr_off + 8,
+            0,
+        )
+    }
+}
+
+/// The tensor array of the `SVector` at `vec_off` of the struct argument `arg`, as CHUNKs.
+const fn tensor_walk(arg: u32, copy: u32, vec_off: u32, at_return: bool) -> ProbeSpec {
+    let ret = if at_return { sf::WANTS_RETURN } else { 0 };
+    ProbeSpec {
+        count_off: vec_off + atb::SVECTOR_SIZE,
+        array_off: vec_off + atb::SVECTOR_DATA,
+        elem_size: atb::TENSOR_SIZE,
+        per_chunk: atb::TENSORS_PER_CHUNK,
+        ..spec(ret | sf::DATA_IS_BYTES | sf::BATCH, arg, copy, 0)
+    }
+}
+
+/// Runners run runners (a graph runner executes its nodes), so every ATB probe that waits
+/// for a return is `NESTED`.
+const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeDef {
+    let nested = if spec.flags & sf::WANTS_RETURN != 0 {
+        sf::NESTED
+    } else {
+        0
+    };
+    ProbeDef {
+        id,
+        symbol,
+        home: Home::Library(ATB_LIBRARY),
+        spec: ProbeSpec {
+            flags: spec.flags | nested,
+            ..spec
+        },
+    }
+}
+
+pub const PROBES: [ProbeDef; 40] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -366,14 +475,137 @@ pub const PROBES: [ProbeDef; 26] = [
         "aclrtLaunchKernelV2Impl",
         ACL_IMPL_LIBRARY,
     ),
+    // Status atb::Runner::Execute(RunnerVariantPack &pack): at entry the runner's name and
+    // save-tensor dir, the pack (workspace) and its tensors; at return, the tensors again.
+    atb_probe(
+        ProbeId::AtbRunnerName,
+        atb::EXECUTE,
+        string_field(0, atb::RUNNER_NAME),
+    ),
+    atb_probe(
+        ProbeId::AtbRunnerDir,
+        atb::EXECUTE,
+        string_field(0, atb::RUNNER_DIR),
+    ),
+    atb_probe(
+        ProbeId::AtbRunnerPack,
+        atb::EXECUTE,
+        spec(sf::DATA_IS_BYTES, 1, atb::PACK_COPY, 0),
+    ),
+    atb_probe(
+        ProbeId::AtbInBefore,
+        atb::EXECUTE,
+        tensor_walk(1, atb::PACK_COPY, atb::PACK_IN, false),
+    ),
+    atb_probe(
+        ProbeId::AtbOutBefore,
+        atb::EXECUTE,
+        tensor_walk(1, atb::PACK_COPY, atb::PACK_OUT, false),
+    ),
+    atb_probe(
+        ProbeId::AtbRunnerEnd,
+        atb::EXECUTE,
+        spec(sf::WANTS_RETURN, 0, 0, 0),
+    ),
+    atb_probe(
+        ProbeId::AtbInAfter,
+        atb::EXECUTE,
+        tensor_walk(1, atb::PACK_COPY, atb::PACK_IN, true),
+    ),
+    atb_probe(
+        ProbeId::AtbOutAfter,
+        atb::EXECUTE,
+        tensor_walk(1, atb::PACK_COPY, atb::PACK_OUT, true),
+    ),
+    // void atb::StoreUtil::SaveLaunchParam(void *stream, const Mki::LaunchParam &param,
+    // const std::string &dirPath), in both string ABIs: the path and the kernel's tensors.
+    atb_probe(
+        ProbeId::AtbKernelDir,
+        atb::SAVE_LAUNCH_PARAM_ABI1,
+        string_field(2, 0),
+    ),
+    atb_probe(
+        ProbeId::AtbKernelIn,
+        atb::SAVE_LAUNCH_PARAM_ABI1,
+        tensor_walk(1, 48, atb::PARAM_IN, false),
+    ),
+    atb_probe(
+        ProbeId::AtbKernelOut,
+        atb::SAVE_LAUNCH_PARAM_ABI1,
+        tensor_walk(1, 48, atb::PARAM_OUT, false),
+    ),
+    atb_probe(
+        ProbeId::AtbKernelDirAbi0,
+        atb::SAVE_LAUNCH_PARAM_ABI0,
+        string_field(2, 0),
+    ),
+    atb_probe(
+        ProbeId::AtbKernelInAbi0,
+        atb::SAVE_LAUNCH_PARAM_ABI0,
+        tensor_walk(1, 48, atb::PARAM_IN, false),
+    ),
+    atb_probe(
+        ProbeId::AtbKernelOutAbi0,
+        atb::SAVE_LAUNCH_PARAM_ABI0,
+        tensor_walk(1, 48, atb::PARAM_OUT, false),
+    ),
 ];
+
+/// What an ATB probe captures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtbPart {
+    Name,
+    Dir,
+    Pack,
+    End,
+    Tensors { output: bool, after: bool },
+    KernelDir,
+    KernelTensors { output: bool },
+}
+
+pub fn atb_part(id: ProbeId) -> Option<AtbPart> {
+    use AtbPart::*;
+    Some(match id {
+        ProbeId::AtbRunnerName => Name,
+        ProbeId::AtbRunnerDir => Dir,
+        ProbeId::AtbRunnerPack => Pack,
+        ProbeId::AtbRunnerEnd => End,
+        ProbeId::AtbInBefore => Tensors {
+            output: false,
+            after: false,
+        },
+        ProbeId::AtbOutBefore => Tensors {
+            output: true,
+            after: false,
+        },
+        ProbeId::AtbInAfter => Tensors {
+            output: false,
+            after: true,
+        },
+        ProbeId::AtbOutAfter => Tensors {
+            output: true,
+            after: true,
+        },
+        ProbeId::AtbKernelDir | ProbeId::AtbKernelDirAbi0 => KernelDir,
+        ProbeId::AtbKernelIn | ProbeId::AtbKernelInAbi0 => KernelTensors { output: false },
+        ProbeId::AtbKernelOut | ProbeId::AtbKernelOutAbi0 => KernelTensors { output: true },
+        _ => return None,
+    })
+}
 
 /// The probes expected in a library of this file name (for "missing symbol" warnings).
 pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
     PROBES
         .iter()
-        // Launch entry points vary between CANN versions: a missing one is not worth a warning.
-        .filter(|p| launch_args(p.id).is_none())
+        // Launch entry points vary between CANN versions, and a libatb.so has one string ABI:
+        // a missing one is not worth a warning.
+        .filter(|p| {
+            launch_args(p.id).is_none()
+                && !matches!(
+                    atb_part(p.id),
+                    Some(AtbPart::KernelDir | AtbPart::KernelTensors { .. })
+                )
+        })
         .filter(|p| match p.home {
             Home::Library(lib) => library_matches(file_name, lib),
             Home::AnyExporter => library_matches(file_name, MSTX_LIBRARY),

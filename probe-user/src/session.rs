@@ -462,6 +462,11 @@ impl Session {
             return;
         }
         t.finished = true;
+        for row in t.state.finish_atb(&self.cfg.track) {
+            if let Err(e) = t.out.write(row) {
+                log::error(&format!("{e:#}"));
+            }
+        }
         let blocks = t.state.live_blocks();
         let mut files = Vec::new();
         if self.cfg.leaks && !blocks.is_empty() {

@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 
+use crate::atb::AtbOut;
+use crate::labels::{self, Labels, ThreadLabels};
+
 use crate::{
     analysis::{
         decompose::Decompose,
@@ -55,19 +58,22 @@ pub struct Block {
     pub stack: Option<std::sync::Arc<str>>,
     /// Kernel launches the process had made before this allocation.
     pub kernel_index: u64,
+    /// Decompose labels of levels 1-7 (`labels.rs`); pool blocks only, with `decompose`.
+    pub labels: Option<Box<Labels>>,
 }
 
 impl Block {
     /// The decompose label of the block (spec §2.7): `CANN@<module>` for driver memory (by the
     /// module of the allocation flag, or of `drv_mem_prop`), the pool for pool regions.
     pub fn owner(&self) -> String {
-        match self.kind {
-            BlockKind::Pool(PoolKind::PtaCaching) => "PTA".into(),
-            BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE".into(),
-            BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE".into(),
-            BlockKind::Pool(PoolKind::Atb) => "ATB".into(),
-            _ => format!("CANN@{}", module_label(self.module_id)),
-        }
+        let framework = match self.kind {
+            BlockKind::Pool(PoolKind::PtaCaching) => "PTA",
+            BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE",
+            BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE",
+            BlockKind::Pool(PoolKind::Atb) => "ATB",
+            _ => return format!("CANN@{}", module_label(self.module_id)),
+        };
+        labels::compose(framework, self.labels.as_deref())
     }
 }
 
@@ -98,8 +104,12 @@ pub struct ProcessStats {
     pub ops: u64,
     pub accesses: u64,
     pub launches: u64,
-    /// ATen accesses to an address inside no known pool block.
+    /// ATen and ATB accesses to an address inside no known pool block.
     pub unmatched_accesses: u64,
+    /// ATB kernels (`SaveLaunchParam` before-calls).
+    pub atb_kernels: u64,
+    /// `rt*` launches made inside an `aclrt*` launch (counted once, as the aclrt* one).
+    pub nested_launches: u64,
 }
 
 /// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
@@ -150,13 +160,23 @@ pub struct ProcessState {
     pub messages: Vec<String>,
     pub decompose: Decompose,
     pub inefficient: InefficientAnalyzer,
+    /// The same for the ATB pool, fed by ATB operators (msMemScope keeps them apart).
+    pub inefficient_atb: InefficientAnalyzer,
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// Start address -> key of the live ATB pool blocks.
+    atb_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// ATB calls being put back together from their probes' events.
+    atb: crate::atb::AtbAssembler,
+    /// Decompose labels pushed by each thread (`memscope-label-*` marks).
+    thread_labels: HashMap<u32, ThreadLabels>,
     /// The operator an ATen access belongs to.
     current_op: Option<String>,
     /// Kernel launches so far (a block's `kernel_index` is this at its allocation).
     kernel_index: u64,
+    /// Thread -> end of its latest `aclrt*` launch call (realtime ns).
+    aclrt_launch_until: HashMap<u32, u64>,
     /// Stream pointer -> (stream number, next task number).
     streams: HashMap<u64, (u32, u64)>,
     /// The stack of the call being applied (set by `apply`).
@@ -539,6 +559,9 @@ impl ProcessState {
             Call::Mark { text } if text.starts_with("memscope-aten-") => {
                 self.aten_mark(text, ev.tid, ts_ns, opts, &mut rows);
             }
+            Call::Mark { text } if text.starts_with("memscope-label-") => {
+                self.label_mark(text, ev.tid, opts);
+            }
             // Marks for the NPU sanitizer are never MSTX rows (msMemScope routes them away).
             Call::Mark { text } if text.starts_with("sanitizer-op:") => {}
             Call::Mark { text } => {
@@ -607,7 +630,20 @@ impl ProcessState {
                 tiling_key,
                 stream,
                 name,
+                duration_ns,
             } => {
+                if let Some(d) = duration_ns {
+                    self.aclrt_launch_until
+                        .insert(ev.tid, ts_ns.saturating_add(*d));
+                } else if self
+                    .aclrt_launch_until
+                    .get(&ev.tid)
+                    .is_some_and(|until| ts_ns <= *until)
+                {
+                    // The runtime launch inside an aclrt* launch on this thread.
+                    self.stats.nested_launches += 1;
+                    return rows;
+                }
                 self.kernel_index += 1;
                 self.stats.launches += 1;
                 let next = self.streams.len() as u32;
@@ -624,6 +660,16 @@ impl ProcessState {
                     r.attr = format!("streamId:{stream_id},taskId:{task_id}");
                     rows.push(r);
                 }
+            }
+            Call::Atb {
+                object,
+                pack,
+                event,
+            } => {
+                let outs = self
+                    .atb
+                    .on_event(ev.tid, *object, *pack, event.clone(), ts_ns);
+                self.atb_rows(outs, ev.tid, opts, &mut rows);
             }
             Call::RegionsUnregister { domain, refs, .. } => {
                 let before = self.pools.unmatched;
@@ -652,7 +698,7 @@ impl ProcessState {
             self.gaps.on_update(c.pool, c.device, c.allocated);
         }
         self.stats.pool_mallocs += 1;
-        let block = self.new_block(
+        let mut block = self.new_block(
             c.addr,
             c.size,
             c.device,
@@ -662,6 +708,16 @@ impl ProcessState {
             u32::MAX,
             PageType::Normal,
         );
+        if opts.decompose {
+            block.labels = self.thread_labels.get(&tid).and_then(|t| t.snapshot());
+        }
+        if c.pool == PoolKind::Atb {
+            self.atb_by_addr.insert(c.addr, c.addr);
+            if opts.inefficient {
+                self.inefficient_atb
+                    .event(block.allocation_id, MemEvent::Malloc);
+            }
+        }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.insert(c.addr, c.addr);
             if opts.inefficient {
@@ -712,6 +768,15 @@ impl ProcessState {
             self.decompose.on_free(&block.owner(), block.size);
         }
         let mut found = String::new();
+        if c.pool == PoolKind::Atb {
+            self.atb_by_addr.remove(&c.addr);
+            if opts.inefficient {
+                found = inefficient::attr_value(
+                    self.inefficient_atb
+                        .event(block.allocation_id, MemEvent::Free),
+                );
+            }
+        }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.remove(&c.addr);
             if opts.inefficient {
@@ -824,6 +889,13 @@ impl ProcessState {
                 self.inefficient
                     .event(block.allocation_id, MemEvent::Access);
             }
+            self.relabel(
+                (PoolKind::PtaCaching, block.addr),
+                labels::DETAIL_2,
+                "ops",
+                true,
+                opts,
+            );
             let device = match field(body, "device")
                 .and_then(|d| d.strip_prefix("npu:").and_then(|n| n.parse().ok()))
             {
@@ -857,11 +929,214 @@ impl ProcessState {
         }
     }
 
+    /// A `memscope-label-*` mark (labels.rs). Bad marks are reported, never rows.
+    fn label_mark(&mut self, text: &str, tid: u32, opts: &TrackOptions) {
+        if !opts.decompose {
+            return;
+        }
+        match labels::parse_mark(text) {
+            Ok(labels::LabelMark::Push { level, label }) => {
+                if let Err(e) = self
+                    .thread_labels
+                    .entry(tid)
+                    .or_default()
+                    .push(level, &label)
+                {
+                    self.messages
+                        .push(format!("pid {} tid {tid}: {e}", self.pid));
+                }
+            }
+            Ok(labels::LabelMark::Pop { level, label }) => {
+                if let Some(t) = self.thread_labels.get_mut(&tid) {
+                    t.pop(level, &label);
+                }
+            }
+            Ok(labels::LabelMark::Addr { ptr, level, label }) => {
+                let key = self
+                    .pta_by_addr
+                    .range(..=ptr)
+                    .next_back()
+                    .map(|(_, k)| (PoolKind::PtaCaching, *k))
+                    .filter(|k| {
+                        self.pool_blocks
+                            .get(k)
+                            .is_some_and(|b| ptr < b.addr + b.size)
+                    });
+                match key {
+                    Some(key) => self.relabel(key, level, &label, false, opts),
+                    None => self.messages.push(format!(
+                        "pid {}: {text:?}: no live PTA block holds 0x{ptr:x}",
+                        self.pid
+                    )),
+                }
+            }
+            Err(e) => self
+                .messages
+                .push(format!("pid {}: ignored {text:?}: {e}", self.pid)),
+        }
+    }
+
+    /// Sets one label level of a live pool block and moves its bytes to the new owner.
+    /// `weak`: only when that level is empty (the `ops` tag of accesses).
+    fn relabel(
+        &mut self,
+        key: (PoolKind, u64),
+        level: usize,
+        label: &str,
+        weak: bool,
+        opts: &TrackOptions,
+    ) {
+        if !opts.decompose {
+            return;
+        }
+        let Some(b) = self.pool_blocks.get_mut(&key) else {
+            return;
+        };
+        let slot = &b.labels.as_ref().and_then(|l| l[level - 1].clone());
+        if slot.as_deref() == Some(label) || (weak && slot.is_some()) {
+            return;
+        }
+        let old = b.owner();
+        b.labels.get_or_insert_with(Default::default)[level - 1] = Some(label.into());
+        let new = b.owner();
+        self.decompose.on_free(&old, b.size);
+        self.decompose.on_alloc(&new, b.size);
+    }
+
+    /// Rows for assembled ATB events: OP_LAUNCH ATB_START/ATB_END (`--level` op), KERNEL_LAUNCH
+    /// KERNEL_START/KERNEL_END (`--level` kernel) and ACCESS rows on the ATB pool block that
+    /// holds each tensor (spec §1.8, §3.2).
+    fn atb_rows(&mut self, outs: Vec<AtbOut>, tid: u32, opts: &TrackOptions, rows: &mut Vec<Row>) {
+        let pid = self.pid;
+        let row = |event, event_type, name: String, ts_ns, device, attr| Row {
+            event,
+            event_type,
+            name: name.into(),
+            ts_ns,
+            pid,
+            tid,
+            device,
+            ptr: None,
+            attr,
+            c_stack: None,
+        };
+        for o in outs {
+            let start = matches!(o, AtbOut::OpStart { .. });
+            match o {
+                AtbOut::OpStart {
+                    name,
+                    path,
+                    workspace,
+                    workspace_size,
+                    ts_ns,
+                }
+                | AtbOut::OpEnd {
+                    name,
+                    path,
+                    workspace,
+                    workspace_size,
+                    ts_ns,
+                } => {
+                    if start {
+                        self.stats.ops += 1;
+                    }
+                    if opts.inefficient {
+                        if start {
+                            self.inefficient_atb.op_start();
+                        } else {
+                            self.inefficient_atb.op_end();
+                        }
+                    }
+                    if opts.write_op_launch
+                        && let Some(device) = self.mstx_device(tid, opts)
+                    {
+                        let attr = format!(
+                            "path:{path},workspace_ptr:0x{workspace:x},workspace_size:{workspace_size}"
+                        );
+                        let ty = if start { "ATB_START" } else { "ATB_END" };
+                        rows.push(row("OP_LAUNCH", ty, name, ts_ns, device, attr));
+                    }
+                }
+                AtbOut::Kernel {
+                    name,
+                    path,
+                    end,
+                    ts_ns,
+                } => {
+                    if !end {
+                        self.stats.atb_kernels += 1;
+                    }
+                    if opts.write_kernel_launch
+                        && let Some(device) = self.mstx_device(tid, opts)
+                    {
+                        let ty = if end { "KERNEL_END" } else { "KERNEL_START" };
+                        let attr = format!("path:{path}");
+                        rows.push(row("KERNEL_LAUNCH", ty, name, ts_ns, device, attr));
+                    }
+                }
+                AtbOut::Access {
+                    owner,
+                    tensor,
+                    write,
+                    ts_ns,
+                } => {
+                    self.stats.accesses += 1;
+                    let ptr = tensor.addr;
+                    let block = self
+                        .atb_by_addr
+                        .range(..=ptr)
+                        .next_back()
+                        .and_then(|(_, key)| self.pool_blocks.get(&(PoolKind::Atb, *key)))
+                        .filter(|b| ptr.saturating_add(tensor.size.max(1)) <= b.addr + b.size);
+                    let Some(block) = block else {
+                        self.stats.unmatched_accesses += 1;
+                        continue;
+                    };
+                    if opts.inefficient {
+                        self.inefficient_atb
+                            .event(block.allocation_id, MemEvent::Access);
+                    }
+                    if !opts.dump.access || !self.wants_device(opts, block.device) {
+                        continue;
+                    }
+                    let attr = format!(
+                        "allocation_id:{},addr:0x{:016x},size:{},type:ATB,{}",
+                        block.allocation_id,
+                        block.addr,
+                        block.size,
+                        tensor.attr()
+                    );
+                    let ty = if write { "WRITE" } else { "UNKNOWN" };
+                    let mut r = row(
+                        "ACCESS",
+                        ty,
+                        owner,
+                        ts_ns,
+                        DeviceKey::from_id(block.device),
+                        attr,
+                    );
+                    r.ptr = Some(ptr);
+                    rows.push(r);
+                }
+            }
+        }
+    }
+
+    /// End of the process: ATB operators that never returned still get their rows.
+    pub fn finish_atb(&mut self, opts: &TrackOptions) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (tid, outs) in self.atb.finish() {
+            self.atb_rows(outs, tid, opts, &mut rows);
+        }
+        rows
+    }
+
     /// Blocks the inefficient analysis flagged: (allocation id, addr, size, types).
     pub fn inefficient_blocks(&self) -> Vec<(u64, String)> {
         let mut v: Vec<(u64, String)> = self
             .inefficient
             .flagged()
+            .chain(self.inefficient_atb.flagged())
             .map(|(id, f)| (id, inefficient::attr_value(f)))
             .collect();
         v.sort();
@@ -975,6 +1250,7 @@ impl ProcessState {
             page_type,
             stack: self.current_stack.clone(),
             kernel_index: self.kernel_index,
+            labels: None,
         }
     }
 
@@ -1721,6 +1997,258 @@ mod tests {
             .map(|(_, v)| v.current)
             .sum();
         assert_eq!(driver, p.live_blocks().iter().map(|b| b.size).sum::<u64>());
+    }
+
+    #[test]
+    fn labels_ops_tag_and_addr_relabel_move_bytes_between_owners() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.decompose = true;
+        let mark = |text: &str| Call::Mark { text: text.into() };
+        let region = |ptr, size| crate::decode::RegionDesc {
+            device: 0,
+            ptr,
+            size,
+            handle: 0,
+        };
+        let register = |r: Vec<crate::decode::RegionDesc>| Call::RegionsRegister {
+            domain: 7,
+            regions: r,
+            first: 0,
+            total: 1,
+        };
+        let mut t = 0;
+        let mut apply = |p: &mut ProcessState, tid, call| {
+            t += 1;
+            p.apply(&ev(tid, call), t, &o, None)
+        };
+        apply(
+            &mut p,
+            1,
+            Call::DomainCreate {
+                name: "ptaCaching".into(),
+                handle: 7,
+            },
+        );
+        apply(&mut p, 1, mark("memscope-label-push: level=1;label=vllm"));
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-push: level=3;label=weights"),
+        );
+        // Another thread's labels do not apply to thread 1, and vice versa.
+        apply(&mut p, 2, mark("memscope-label-push: level=5;label=mine"));
+        let r = apply(&mut p, 1, register(vec![region(0x1000, 100)]));
+        assert!(
+            r[0].attr.ends_with(",owner:PTA@vllm@weights"),
+            "{}",
+            r[0].attr
+        );
+        let r = apply(&mut p, 2, register(vec![region(0x2000, 50)]));
+        assert!(r[0].attr.ends_with(",owner:PTA@mine"), "{}", r[0].attr);
+        apply(&mut p, 1, mark("memscope-label-pop: level=3;label=weights"));
+        apply(&mut p, 1, mark("memscope-label-pop: level=1;label=vllm"));
+        let r = apply(&mut p, 1, register(vec![region(0x3000, 10)]));
+        assert!(r[0].attr.ends_with(",owner:PTA"), "{}", r[0].attr);
+        // Label marks are neither MSTX rows nor counted as marks.
+        assert_eq!(p.stats.marks, 0);
+
+        // An ATen access tags DETAIL_2 "ops" when it is empty; a second one changes nothing.
+        let access = |ptr: u64| {
+            mark(&format!(
+                "memscope-aten-ac:ptr={ptr};is_write=True;is_read=False;is_output=True;name=op;shape=[1];dtype=torch.float16;tensor_size=2;device=npu:0"
+            ))
+        };
+        apply(&mut p, 1, access(0x3004));
+        apply(&mut p, 1, access(0x3004));
+        apply(&mut p, 1, access(0x1000));
+        // describe_addr: relabel the block holding 0x2010 at level 4, over the weak tag's level.
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-addr: ptr=0x2010;level=4;label=kv"),
+        );
+        apply(
+            &mut p,
+            1,
+            mark("memscope-label-addr: ptr=0x9999;level=4;label=x"),
+        );
+        apply(&mut p, 1, mark("memscope-label-push: level=9;label=x"));
+        assert_eq!(p.messages.len(), 2, "{:?}", p.messages);
+        let owners = p.decompose.owners();
+        let cur = |k: &str| owners.get(k).map(|b| (b.current, b.peak));
+        assert_eq!(cur("PTA@vllm@weights@ops"), Some((100, 100)));
+        assert_eq!(cur("PTA@vllm@weights"), Some((0, 100)));
+        assert_eq!(cur("PTA@ops"), Some((10, 10)));
+        assert_eq!(cur("PTA"), Some((0, 10)));
+        assert_eq!(cur("PTA@kv@mine"), Some((50, 50)));
+        // The owners still add up to the live pool memory.
+        let live: u64 = owners.values().map(|b| b.current).sum();
+        assert_eq!(live, 160);
+    }
+
+    #[test]
+    fn runtime_launches_inside_an_aclrt_launch_are_not_counted_twice() {
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.dump.launch = true;
+        let launch = |api, duration_ns| Call::KernelLaunch {
+            api,
+            kernel: 0x40,
+            tiling_key: None,
+            stream: 0x99,
+            name: Some("k".into()),
+            duration_ns,
+        };
+        let acl = launch(
+            crate::probes::ProbeId::AclrtLaunchKernelWithConfig,
+            Some(100),
+        );
+        let rt = launch(crate::probes::ProbeId::RtKernelLaunchWithHandleV2, None);
+        let mut rows = Vec::new();
+        rows.extend(p.apply(&ev(1, acl.clone()), 1000, &o, None));
+        // Inside the aclrt* call on its thread: its own runtime launch.
+        rows.extend(p.apply(&ev(1, rt.clone()), 1050, &o, None));
+        rows.extend(p.apply(&ev(1, rt.clone()), 1100, &o, None));
+        // Another thread at the same time, and the same thread afterwards: real launches.
+        rows.extend(p.apply(&ev(2, rt.clone()), 1060, &o, None));
+        rows.extend(p.apply(&ev(1, rt), 1101, &o, None));
+        assert_eq!(rows.len(), 3);
+        assert_eq!(p.stats.launches, 3);
+        assert_eq!(p.stats.nested_launches, 2);
+        let tasks: Vec<&str> = rows.iter().map(|r| r.attr.as_str()).collect();
+        assert_eq!(
+            tasks,
+            [
+                "streamId:0,taskId:0",
+                "streamId:0,taskId:1",
+                "streamId:0,taskId:2"
+            ]
+        );
+    }
+
+    #[test]
+    fn atb_operators_and_accesses_feed_their_own_inefficient_analysis() {
+        use crate::decode::{AtbEvent, AtbTensor, RegionDesc, RegionRef};
+        let mut p = ProcessState::new(100);
+        let mut o = opts();
+        o.dump.access = true;
+        let mut t = 0;
+        let mut apply = |p: &mut ProcessState, call| {
+            t += 1;
+            p.apply(&ev(1, call), t, &o, None)
+        };
+        let atb = |object, event| Call::Atb {
+            object,
+            pack: object * 10,
+            event,
+        };
+        let region = |ptr| RegionDesc {
+            device: 0,
+            ptr,
+            size: 64,
+            handle: 0,
+        };
+        let tensor = |addr| AtbTensor {
+            addr,
+            size: 16,
+            dtype: 1,
+            format: 2,
+            shape: vec![4, 2],
+        };
+        apply(
+            &mut p,
+            Call::DomainCreate {
+                name: "atb".into(),
+                handle: 8,
+            },
+        );
+        apply(
+            &mut p,
+            Call::HeapRegister {
+                domain: 8,
+                heap: 0x77,
+                range: Some(RegionDesc {
+                    device: 0,
+                    ptr: 0x1000,
+                    size: 0x10000,
+                    handle: 0,
+                }),
+            },
+        );
+        let start = |p: &mut ProcessState,
+                     apply: &mut dyn FnMut(&mut ProcessState, Call) -> Vec<Row>,
+                     runner: u64| {
+            apply(p, atb(runner, AtbEvent::Name(format!("op{runner}"))));
+            apply(p, atb(runner, AtbEvent::Dir("d".into())));
+            apply(
+                p,
+                atb(
+                    runner,
+                    AtbEvent::Pack {
+                        workspace: 0,
+                        workspace_size: 0,
+                    },
+                ),
+            )
+        };
+        let uses = |runner, addr| {
+            atb(
+                runner,
+                AtbEvent::Tensors {
+                    output: false,
+                    after: false,
+                    tensors: vec![tensor(addr)],
+                    first: 0,
+                },
+            )
+        };
+        let register = |ptr| Call::RegionsRegister {
+            domain: 8,
+            regions: vec![region(ptr)],
+            first: 0,
+            total: 1,
+        };
+        let unregister = |ptr| Call::RegionsUnregister {
+            domain: 8,
+            refs: vec![RegionRef::Pointer(ptr)],
+            first: 0,
+            total: 1,
+        };
+        // op 1 allocates A (0x1000) and B (0x2000) and uses B.
+        let r = start(&mut p, &mut apply, 1);
+        assert_eq!(r[0].event_type, "ATB_START");
+        apply(&mut p, register(0x1000));
+        apply(&mut p, register(0x2000));
+        let r = apply(&mut p, uses(1, 0x2008));
+        assert_eq!(
+            r[0].attr,
+            "allocation_id:2,addr:0x0000000000002000,size:64,type:ATB,dtype:1,format:2,shape:[4,2,]"
+        );
+        assert_eq!(
+            apply(&mut p, atb(1, AtbEvent::End))[0].event_type,
+            "ATB_END"
+        );
+        // op 2 frees B; op 3 first uses A: early allocation of A.
+        start(&mut p, &mut apply, 2);
+        apply(&mut p, unregister(0x2000));
+        apply(&mut p, atb(2, AtbEvent::End));
+        start(&mut p, &mut apply, 3);
+        apply(&mut p, uses(3, 0x1000));
+        apply(&mut p, atb(3, AtbEvent::End));
+        let r = apply(&mut p, unregister(0x1000));
+        assert!(
+            r[0].attr.ends_with(",inefficient_type:early_allocation"),
+            "{}",
+            r[0].attr
+        );
+        assert_eq!(
+            p.inefficient_blocks(),
+            vec![(1, "early_allocation".to_string())]
+        );
+        // The PTA analysis saw none of it.
+        assert_eq!(p.inefficient.flagged().count(), 0);
+        assert_eq!((p.stats.ops, p.stats.accesses), (3, 2));
     }
 
     #[test]

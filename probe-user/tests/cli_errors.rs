@@ -110,6 +110,9 @@ fn help_teaches_and_version_prints() {
         "--lib",
         "EXAMPLES",
         "root",
+        "decompose: bytes per owner",
+        "memscope-label-push",
+        "--events=alloc,free,launch,access",
     ] {
         assert!(help.contains(needle), "help lacks {needle}");
     }

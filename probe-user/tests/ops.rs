@@ -8,22 +8,6 @@ use std::collections::BTreeMap;
 
 use common::*;
 
-fn log_lines<'a>(text: &'a str, kind: &str) -> Vec<BTreeMap<&'a str, &'a str>> {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{kind} ")))
-        .map(|l| {
-            l.split(' ')
-                .skip(1)
-                .filter_map(|kv| kv.split_once('='))
-                .collect()
-        })
-        .collect()
-}
-
-fn hex(s: &str) -> u64 {
-    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
-}
-
 #[test]
 fn operators_accesses_launches_and_inefficient_blocks() {
     if !require_root("operators_accesses_launches_and_inefficient_blocks") {

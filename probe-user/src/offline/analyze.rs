@@ -228,6 +228,7 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
                     page_type,
                     stack: None,
                     kernel_index: 0,
+                    labels: None,
                 })
             }
             "FREE" if is_hal(&row) => Ev::Free {

@@ -450,3 +450,27 @@ pub fn parse_dump_records(text: &str) -> Vec<Vec<String>> {
     }
     records.into_iter().skip(1).collect()
 }
+
+/// The `key=value` fields of a ground-truth log line, after its first word.
+pub fn log_fields(line: &str) -> std::collections::BTreeMap<&str, &str> {
+    line.split(' ')
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .collect()
+}
+
+/// The fields of every log line whose first word is `kind`.
+pub fn log_lines<'a>(
+    text: &'a str,
+    kind: &str,
+) -> Vec<std::collections::BTreeMap<&'a str, &'a str>> {
+    text.lines()
+        .filter(|l| l.split(' ').next() == Some(kind))
+        .map(log_fields)
+        .collect()
+}
+
+/// `0x1f` or `1f` as a number.
+pub fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+}
