@@ -1330,9 +1330,10 @@ impl Bench {
         writeln!(md, "## Summary: the issue's goals in this run\n")?;
         writeln!(
             md,
-            "Ring records were just shrunk (a HAL call record is 104 bytes instead of 360): the \
-             *previous* column is the run before this one (results.json of {prev_date}, 360-byte \
-             records). Verdicts use this run's medians, unrounded.\n"
+            "The *previous* column is the run before this one (results.json of {prev_date}); \
+             runs on different days or machine states differ by more than the changes between \
+             them, so compare builds side by side instead. Verdicts use this run's medians, \
+             unrounded.\n"
         )?;
         writeln!(md, "| goal | this run | previous | verdict |")?;
         writeln!(md, "|---|---|---|---|")?;
