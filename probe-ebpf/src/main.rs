@@ -27,7 +27,7 @@ use aya_ebpf::{
         },
     },
     macros::{btf_map, map, tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use probe_common::{
@@ -141,8 +141,10 @@ struct NestedKey {
     sp: u64,
 }
 
+/// LRU: an entry whose return never comes (an exception out of the function, with return
+/// probes on its return instructions) is eventually evicted.
 #[map]
-static PENDING_NESTED: HashMap<NestedKey, RawEvent> = HashMap::with_max_entries(4096, 0);
+static PENDING_NESTED: LruHashMap<NestedKey, RawEvent> = LruHashMap::with_max_entries(4096, 0);
 
 #[map]
 static PROBE_SPECS: Array<ProbeSpec> = Array::with_max_entries(MAX_PROBES, 0);
@@ -754,18 +756,8 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
     if spec.flags & spec_flags::NESTED != 0 {
-        let nested = NestedKey {
-            call: key,
-            sp: stack_pointer(ctx.as_ptr()).wrapping_sub(RETURN_SP_DELTA),
-        };
-        let ev = unsafe { &mut *PENDING_NESTED.get_ptr_mut(&nested)? };
-        if ev.pid == tgid {
-            finish_return(ctx, ev, &spec, tgid, tid, None);
-        } else {
-            bump(counter::ORPHAN_RETURN);
-        }
-        let _ = PENDING_NESTED.remove(&nested);
-        return Some(());
+        let sp = stack_pointer(ctx.as_ptr()).wrapping_sub(RETURN_SP_DELTA);
+        return finish_nested(ctx.as_ptr(), key, sp, ctx.ret::<u64>(), &spec, tgid, tid);
     }
     if spec.flags & DATA == 0 {
         // Untraced threads never stored a call, so they have no pending stack.
@@ -844,14 +836,96 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         let _ = PENDING.remove(&key);
         return None;
     }
-    finish_return(ctx, ev, &spec, tgid, tid, Some(key))
+    finish_return(
+        ctx.as_ptr(),
+        ctx.ret::<u64>(),
+        ev,
+        &spec,
+        tgid,
+        tid,
+        Some(key),
+    )
+}
+
+/// The return probe of a `NESTED` probe put on one of the function's return instructions
+/// (user space finds them; `placement::return_sites`): a plain uprobe, so no return address is
+/// replaced by the kernel's trampoline, which a C++ exception cannot unwind through. The
+/// stack pointer there is still the entry's.
+#[uprobe]
+pub fn call_return_site(ctx: ProbeContext) -> u32 {
+    let _ = try_call_return_site(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_call_return_site(ctx: &ProbeContext) -> Option<()> {
+    let (tgid, tid) = current_ids();
+    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let spec = *PROBE_SPECS.get(probe)?;
+    if spec.flags & spec_flags::NESTED == 0 {
+        return None;
+    }
+    let key = ((tid as u64) << 32) | probe as u64;
+    let sp = stack_pointer(ctx.as_ptr());
+    finish_nested(
+        ctx.as_ptr(),
+        key,
+        sp,
+        return_value(ctx.as_ptr()),
+        &spec,
+        tgid,
+        tid,
+    )
+}
+
+/// The return value register at a return instruction.
+#[inline(always)]
+fn return_value(ctx: *mut c_void) -> u64 {
+    #[cfg(bpf_target_arch = "x86_64")]
+    {
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::pt_regs) };
+        regs.rax
+    }
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::user_pt_regs) };
+        regs.regs[0]
+    }
+    #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+    {
+        let _ = ctx;
+        0
+    }
+}
+
+/// Completes the `NESTED` call stored at (`key`, entry stack pointer `sp`).
+#[inline(always)]
+fn finish_nested(
+    ctx: *mut c_void,
+    key: u64,
+    sp: u64,
+    ret: u64,
+    spec: &ProbeSpec,
+    tgid: u32,
+    tid: u32,
+) -> Option<()> {
+    let nested = NestedKey { call: key, sp };
+    let ev = unsafe { &mut *PENDING_NESTED.get_ptr_mut(&nested)? };
+    if ev.pid == tgid {
+        finish_return(ctx, ret, ev, spec, tgid, tid, None);
+    } else {
+        bump(counter::ORPHAN_RETURN);
+    }
+    let _ = PENDING_NESTED.remove(&nested);
+    Some(())
 }
 
 /// Completes a call at its return: return value, out-pointer, stack, emit. `pending_key`: the
 /// PENDING entry to drop once emitted (the event lives in it).
 #[inline(always)]
 fn finish_return(
-    ctx: &RetProbeContext,
+    ctx: *mut c_void,
+    ret: u64,
     ev: &mut RawEvent,
     spec: &ProbeSpec,
     tgid: u32,
@@ -859,7 +933,7 @@ fn finish_return(
     pending_key: Option<u64>,
 ) -> Option<()> {
     let spec = *spec;
-    ev.ret = ctx.ret::<u64>();
+    ev.ret = ret;
     ev.ret_ts_ns = unsafe { bpf_ktime_get_ns() };
     ev.flags |= event_flags::HAS_RET;
     if spec.flags & spec_flags::DEREF_AT_RETURN != 0 {
@@ -872,7 +946,7 @@ fn finish_return(
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
         }
     }
-    emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+    emit_stack(ctx, tgid, tid, ev.ts_ns);
     if spec.flags & spec_flags::BATCH != 0 {
         emit_batch(ev, &spec);
     } else {
@@ -893,6 +967,11 @@ pub fn noop_entry(_ctx: ProbeContext) -> u32 {
 
 #[uretprobe]
 pub fn noop_return(_ctx: RetProbeContext) -> u32 {
+    0
+}
+
+#[uprobe]
+pub fn noop_return_site(_ctx: ProbeContext) -> u32 {
     0
 }
 

@@ -432,7 +432,36 @@ impl Planner {
             // still finds the return address at [rsp].
             let place = placement::choose(host, sym.file_offset, sym.size);
             let offset = sym.file_offset + place.offset;
-            match bpf.attach_uprobe(host, offset, p.id as u16, p.wants_return()) {
+            let attached =
+                if p.wants_return() && p.spec.flags & probe_common::spec_flags::NESTED != 0 {
+                    // C++ entry points: return probes on the return instructions when they can
+                    // all be found, so an exception can unwind through the function.
+                    let mut parts = vec![(sym.file_offset, sym.size)];
+                    if let Some(cold) = obj.function(&format!("{}.cold", p.symbol)) {
+                        parts.push((cold.file_offset, cold.size));
+                    }
+                    match placement::return_sites(host, &parts) {
+                        Ok(sites) => {
+                            self.debug.push(format!(
+                                "return of {} seen at {} return instruction(s)",
+                                p.symbol,
+                                sites.len()
+                            ));
+                            bpf.attach_uprobe_return_sites(host, offset, &sites, p.id as u16)
+                        }
+                        Err(why) => {
+                            self.debug.push(format!(
+                                "return of {} needs a uretprobe ({why}): a C++ exception thrown \
+                             through it would end the program",
+                                p.symbol
+                            ));
+                            bpf.attach_uprobe(host, offset, p.id as u16, true)
+                        }
+                    }
+                } else {
+                    bpf.attach_uprobe(host, offset, p.id as u16, p.wants_return())
+                };
+            match attached {
                 Ok(()) => {
                     symbols.push(p.symbol);
                     self.debug.push(format!(

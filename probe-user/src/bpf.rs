@@ -42,8 +42,8 @@ pub const NOOP_PROGRAMS_ENV: &str = "MEMSCOPE_BPF_NOOP_PROGRAMS";
 
 pub struct Bpf {
     ebpf: Ebpf,
-    /// (entry, return) program names used for uprobes.
-    uprobe_programs: (&'static str, &'static str),
+    /// (entry, return, return-site) program names used for uprobes.
+    uprobe_programs: (&'static str, &'static str, &'static str),
     /// Kernel run-time statistics of the programs (`MEMSCOPE_BPF_STATS=1`), on while held.
     stats: Option<std::os::fd::OwnedFd>,
     traced: HashMap<MapData, u32, u32>,
@@ -82,7 +82,14 @@ impl Bpf {
             tp.attach(category, name)
                 .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
         }
-        for prog in ["call_entry", "call_return", "noop_entry", "noop_return"] {
+        for prog in [
+            "call_entry",
+            "call_return",
+            "call_return_site",
+            "noop_entry",
+            "noop_return",
+            "noop_return_site",
+        ] {
             let up: &mut UProbe = program(&mut ebpf, prog)?.try_into()?;
             up.load()
                 .with_context(|| format!("verifier rejected {prog}"))?;
@@ -99,9 +106,9 @@ impl Bpf {
                 stats: std::env::var_os(STATS_ENV)
                     .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
                 uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
-                    ("noop_entry", "noop_return")
+                    ("noop_entry", "noop_return", "noop_return_site")
                 } else {
-                    ("call_entry", "call_return")
+                    ("call_entry", "call_return", "call_return_site")
                 },
                 traced,
                 known_paths,
@@ -130,27 +137,51 @@ impl Bpf {
         probe: u16,
         with_return: bool,
     ) -> Result<()> {
-        let (entry, ret) = self.uprobe_programs;
-        let mut progs = vec![entry];
+        let (entry, ret, _) = self.uprobe_programs;
         if with_return {
             // Attach the return probe first so no entry is stored without a return to pair it.
-            progs.insert(0, ret);
+            self.attach_program(ret, path, file_offset, probe)?;
         }
-        for prog in progs {
-            let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;
-            let point = UProbeAttachPoint {
-                location: file_offset.into(),
-                cookie: Some(probe as u64),
-            };
-            // Links stay owned by the program; see `detach_in_background` for teardown.
-            up.attach(point, path, UProbeScope::AllProcesses)
-                .with_context(|| {
-                    format!(
-                        "cannot attach {prog} at {}+{file_offset:#x}",
-                        path.display()
-                    )
-                })?;
+        self.attach_program(entry, path, file_offset, probe)
+    }
+
+    /// An entry probe at `file_offset` whose return is seen by plain uprobes on the function's
+    /// return instructions (`return_sites`, file offsets) instead of a uretprobe (`NESTED`
+    /// probes only; see `call_return_site` in probe-ebpf).
+    pub fn attach_uprobe_return_sites(
+        &mut self,
+        path: &Path,
+        file_offset: u64,
+        return_sites: &[u64],
+        probe: u16,
+    ) -> Result<()> {
+        let (entry, _, site) = self.uprobe_programs;
+        for at in return_sites {
+            self.attach_program(site, path, *at, probe)?;
         }
+        self.attach_program(entry, path, file_offset, probe)
+    }
+
+    fn attach_program(
+        &mut self,
+        prog: &'static str,
+        path: &Path,
+        file_offset: u64,
+        probe: u16,
+    ) -> Result<()> {
+        let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;
+        let point = UProbeAttachPoint {
+            location: file_offset.into(),
+            cookie: Some(probe as u64),
+        };
+        // Links stay owned by the program; see `detach_in_background` for teardown.
+        up.attach(point, path, UProbeScope::AllProcesses)
+            .with_context(|| {
+                format!(
+                    "cannot attach {prog} at {}+{file_offset:#x}",
+                    path.display()
+                )
+            })?;
         Ok(())
     }
 

@@ -122,33 +122,63 @@ pub fn choose(path: &Path, file_offset: u64, size: u64) -> Placement {
     if std::env::var(PLACEMENT_ENV).is_ok_and(|v| v == "entry") {
         return Placement::entry("", format!("{PLACEMENT_ENV}=entry"));
     }
-    let read = || -> std::io::Result<(Option<Arch>, Vec<u8>)> {
-        let file = File::open(path)?;
-        let mut header = [0u8; 20];
-        file.read_exact_at(&mut header, 0)?;
-        let whole = size > 0;
-        let len = if whole {
-            size.min(1 << 20) as usize
-        } else {
-            MAX_PROLOGUE_BYTES
-        };
-        let mut code = vec![0u8; len];
-        let mut got = 0;
-        while got < len {
-            let n = file.read_at(&mut code[got..], file_offset + got as u64)?;
-            if n == 0 {
-                break;
-            }
-            got += n;
-        }
-        code.truncate(got);
-        Ok((Arch::from_elf_header(&header), code))
+    let len = if size > 0 {
+        size.min(1 << 20) as usize
+    } else {
+        MAX_PROLOGUE_BYTES
     };
-    match read() {
+    match read_code(path, file_offset, len) {
         Ok((Some(arch), code)) => arch.place(&code, size > 0 && size <= 1 << 20),
         Ok((None, _)) => Placement::entry("", "not an x86-64 or aarch64 ELF object"),
         Err(e) => Placement::entry("", format!("cannot read the function's code: {e}")),
     }
+}
+
+/// The ELF machine of `path` and up to `len` bytes of code at `file_offset`.
+fn read_code(
+    path: &Path,
+    file_offset: u64,
+    len: usize,
+) -> std::io::Result<(Option<Arch>, Vec<u8>)> {
+    let file = File::open(path)?;
+    let mut header = [0u8; 20];
+    file.read_exact_at(&mut header, 0)?;
+    let mut code = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = file.read_at(&mut code[got..], file_offset + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    code.truncate(got);
+    Ok((Arch::from_elf_header(&header), code))
+}
+
+/// The file offsets of every return instruction of a function, given as its parts (the
+/// function, then any `<name>.cold` part the compiler split off), for return probes that are
+/// plain uprobes on those instructions instead of a uretprobe. A uretprobe replaces the
+/// return address on the stack with the kernel's trampoline, through which a C++ exception
+/// cannot unwind: the program would end in `std::terminate`. A probe on the return
+/// instruction changes nothing. `Err` says why the returns cannot all be found (no size, a
+/// jump out of the parts such as a tail call, an indirect jump, not x86-64): the caller falls
+/// back to a uretprobe.
+pub fn return_sites(path: &Path, parts: &[(u64, u64)]) -> Result<Vec<u64>, String> {
+    let mut code = Vec::new();
+    for &(file_offset, size) in parts {
+        if size == 0 || size > 1 << 20 {
+            return Err(format!("function size {size} unusable"));
+        }
+        match read_code(path, file_offset, size as usize) {
+            Ok((Some(Arch::X86_64), c)) if c.len() as u64 == size => code.push((file_offset, c)),
+            Ok((Some(Arch::X86_64), _)) => return Err("the function's code is cut short".into()),
+            Ok(_) => return Err("return sites are found on x86-64 only".into()),
+            Err(e) => return Err(format!("cannot read the function's code: {e}")),
+        }
+    }
+    let parts: Vec<(u64, &[u8])> = code.iter().map(|(o, c)| (*o, c.as_slice())).collect();
+    x86_64::return_sites(&parts)
 }
 
 pub mod x86_64 {
@@ -299,6 +329,47 @@ pub mod x86_64 {
             }
         }
         None
+    }
+
+    /// See `super::return_sites`: every `ret` in `parts` (start, code), addressed as `start`
+    /// is, provided no jump leaves the parts.
+    pub fn return_sites(parts: &[(u64, &[u8])]) -> Result<Vec<u64>, String> {
+        let inside = |t: u64| {
+            parts
+                .iter()
+                .any(|(start, code)| t >= *start && t < start + code.len() as u64)
+        };
+        let mut sites = Vec::new();
+        for (start, code) in parts {
+            let mut decoder = Decoder::with_ip(64, code, *start, DecoderOptions::NONE);
+            let mut insn = Instruction::default();
+            while decoder.can_decode() {
+                decoder.decode_out(&mut insn);
+                let at = insn.ip();
+                if insn.is_invalid() {
+                    return Err(format!("cannot decode the instruction at {at:#x}"));
+                }
+                match insn.flow_control() {
+                    FlowControl::Return => sites.push(at),
+                    FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+                        if !inside(insn.near_branch_target()) =>
+                    {
+                        return Err(format!(
+                            "{} at {at:#x} leaves the function (a tail call?)",
+                            name(&insn)
+                        ));
+                    }
+                    FlowControl::IndirectBranch => {
+                        return Err(format!("indirect jump at {at:#x}"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if sites.is_empty() {
+            return Err("no return instruction".into());
+        }
+        Ok(sites)
     }
 
     pub fn place(code: &[u8], whole_function: bool) -> Placement {
@@ -592,5 +663,40 @@ mod tests {
         let alloc = at("halMemAlloc");
         assert_eq!(alloc.offset, 0);
         assert_eq!(alloc.at, "push");
+    }
+
+    #[test]
+    fn return_sites_cover_every_ret_and_refuse_jumps_out() {
+        use x86_64::return_sites;
+        // push rbp; test edi,edi; je +2; pop rbp; ret; pop rbp; ret
+        let two = [0x55, 0x85, 0xff, 0x74, 0x02, 0x5d, 0xc3, 0x5d, 0xc3];
+        assert_eq!(
+            return_sites(&[(0x1000, &two[..])]),
+            Ok(vec![0x1006, 0x1008])
+        );
+        // A tail call (jmp rel32 out of the function) and an indirect jump: not all returns
+        // can be known.
+        let tail = [0x55, 0x5d, 0xe9, 0x00, 0x10, 0x00, 0x00];
+        assert!(
+            return_sites(&[(0x1000, &tail[..])])
+                .unwrap_err()
+                .contains("leaves")
+        );
+        let indirect = [0xff, 0xe0, 0xc3];
+        assert!(
+            return_sites(&[(0x1000, &indirect[..])])
+                .unwrap_err()
+                .contains("indirect")
+        );
+        // A split-off cold part, reached by je and jumping back to the ret: both parts given.
+        // main at 0x1000: je 0x2000 (0f 84 rel32); ret. cold at 0x2000: jmp 0x1006; ret.
+        let main = [0x0f, 0x84, 0xfa, 0x0f, 0x00, 0x00, 0xc3];
+        let cold = [0xe9, 0x01, 0xf0, 0xff, 0xff, 0xc3];
+        assert!(return_sites(&[(0x1000, &main[..])]).is_err());
+        assert_eq!(
+            return_sites(&[(0x1000, &main[..]), (0x2000, &cold[..])]),
+            Ok(vec![0x1006, 0x2005])
+        );
+        assert!(return_sites(&[(0x1000, &[0x55, 0x5d][..])]).is_err());
     }
 }

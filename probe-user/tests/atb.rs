@@ -20,21 +20,26 @@ struct Traced {
 }
 
 fn trace(name: &str, level: &str, events: &str, iters: &str) -> Traced {
+    trace_with(name, level, events, &["--iters", iters])
+}
+
+fn trace_with(name: &str, level: &str, events: &str, workload_args: &[&str]) -> Traced {
     let dir = scratch(name);
     let log = dir.join("gt.log");
     let out_dir = dir.join("out");
-    let out = run_tracer(&[
+    let workload = bin("atb_workload");
+    let mut args = vec![
         "-o",
         out_dir.to_str().unwrap(),
         level,
         events,
         "--",
-        bin("atb_workload").to_str().unwrap(),
-        "--iters",
-        iters,
+        workload.to_str().unwrap(),
         "--log",
         log.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(workload_args);
+    let out = run_tracer(&args);
     assert!(
         out.status.success(),
         "{}",
@@ -231,4 +236,31 @@ fn atb_rows_follow_level_and_events() {
     assert_eq!(want.iter().map(|g| g.accesses.len()).sum::<usize>(), 26);
     assert_eq!(traced_groups(&t.rows), want);
     assert!(t.rows.iter().all(|r| r[1] != "OP_LAUNCH"));
+}
+
+/// A C++ exception thrown out of Runner::Execute reaches the program's catch: the return
+/// probes sit on the function's return instructions, not in a uretprobe trampoline (through
+/// which the unwinder cannot go: the program would die in std::terminate).
+#[test]
+fn an_exception_thrown_through_runner_execute_reaches_its_catch() {
+    if !require_root("an_exception_thrown_through_runner_execute_reaches_its_catch") {
+        return;
+    }
+    let _serial = serial();
+    let t = trace_with(
+        "atb_throw",
+        "--level=op,kernel",
+        "--events=alloc,free,launch,access",
+        &["--iters", "1", "--throw"],
+    );
+    assert!(
+        t.log.contains("ATB_CAUGHT what=ThrowingKernel failed"),
+        "{}",
+        t.log
+    );
+    // The failed operator has its start and its kernel's start, no end; the operator run
+    // after it is complete.
+    let want = expected_groups(&t.log, true, true, true);
+    assert_eq!(want.len(), 10 + 2 + 10);
+    assert_eq!(traced_groups(&t.rows), want);
 }
