@@ -46,6 +46,9 @@ pub enum AtbOut {
     },
 }
 
+/// Open operators kept per thread (nesting deeper than this is not expected).
+const MAX_OPEN_OPS: usize = 64;
+
 #[derive(Debug, Default)]
 struct OpState {
     runner: u64,
@@ -212,6 +215,12 @@ impl AtbAssembler {
                     .last()
                     .is_some_and(|o| o.runner == object && o.pack == pack);
                 if !same {
+                    // Operators that never return (an exception out of Execute) stay below;
+                    // keep a bounded number, reported as started.
+                    if t.ops.len() >= MAX_OPEN_OPS {
+                        let mut oldest = t.ops.remove(0);
+                        oldest.start(&mut out);
+                    }
                     t.ops.push(OpState {
                         runner: object,
                         pack,
@@ -495,6 +504,21 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].0, 7);
         assert_eq!(kinds(&left[0].1), ["start Linear"]);
+    }
+
+    #[test]
+    fn operators_that_never_return_do_not_pile_up() {
+        let mut a = AtbAssembler::default();
+        let mut out = Vec::new();
+        for runner in 0..200u64 {
+            out.extend(a.on_event(3, runner, 0, AtbEvent::Name(format!("op{runner}")), runner));
+        }
+        assert!(a.threads[&3].ops.len() <= MAX_OPEN_OPS);
+        out.extend(a.finish().into_iter().flat_map(|(_, o)| o));
+        // Every one is still reported, exactly once, in order.
+        let names: Vec<String> = kinds(&out);
+        let want: Vec<String> = (0..200).map(|r| format!("start op{r}")).collect();
+        assert_eq!(names, want);
     }
 
     #[test]
