@@ -17,6 +17,7 @@ struct Group {
 struct Traced {
     log: String,
     rows: Vec<Vec<String>>,
+    stderr: String,
 }
 
 fn trace(name: &str, level: &str, events: &str, iters: &str) -> Traced {
@@ -45,6 +46,7 @@ fn trace_with(name: &str, level: &str, events: &str, workload_args: &[&str]) -> 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let log = std::fs::read_to_string(&log).unwrap();
     let pid: u32 = log
         .lines()
@@ -58,6 +60,7 @@ fn trace_with(name: &str, level: &str, events: &str, workload_args: &[&str]) -> 
     Traced {
         log,
         rows: parse_dump_records(&dump),
+        stderr,
     }
 }
 
@@ -180,6 +183,14 @@ fn atb_operators_kernels_and_accesses_nested_and_repeated() {
     let want = expected_groups(&t.log, true, true, true);
     // 3 executions x (parent start/end + child start/end + 3 kernels x start/end).
     assert_eq!(want.len(), 3 * (4 + 6));
+    // The summary counts them: 6 operators, 9 ATB kernels, 26 accesses per execution.
+    assert!(
+        t.stderr.contains(
+            "6 pool malloc, 6 pool free, 6 operator, 0 kernel launch, 9 ATB kernel, 78 access"
+        ),
+        "{}",
+        t.stderr
+    );
     let got = traced_groups(&t.rows);
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

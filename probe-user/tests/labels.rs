@@ -135,3 +135,39 @@ fn python_programs_label_their_memory_with_memscope_labels() {
     assert_eq!(want.len(), 4);
     assert_eq!(pool_owners(&parse_dump_records(&dump)), want);
 }
+
+/// memscope_labels.py refuses bad labels and levels with ValueError, and is a no-op in a
+/// process without mstx (nothing to trace, no error). Runs without root: no tracer involved.
+#[test]
+fn python_label_helper_rejects_bad_input_and_is_inert_without_mstx() {
+    let script = r#"
+import sys
+import memscope_labels as ml
+for label, level in [("x", 0), ("x", 8), ("@x", 1), ("a;b", 1), ("", 1), ("y" * 129, 2)]:
+    try:
+        ml.push(label, level)
+    except ValueError as e:
+        print("refused", repr(label[:3]), level, "|", e)
+    else:
+        sys.exit(f"accepted {label!r} at level {level}")
+with ml.label("weights", ml.DETAIL_1):
+    ml.tag_address(0x1000, "lora", ml.DETAIL_2)
+print("inert ok")
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env("PYTHONPATH", repo_root().join("python"))
+        .output()
+        .expect("python3 runs (cargo xtask setup checks it is installed)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.matches("refused").count(), 6, "{stdout}");
+    assert!(stdout.contains("level must be 1..7"), "{stdout}");
+    assert!(stdout.contains("not starting with '@'"), "{stdout}");
+    assert!(stdout.ends_with("inert ok\n"), "{stdout}");
+}

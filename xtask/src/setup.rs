@@ -51,6 +51,7 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
         linker_dir = Some(dir);
         Ok(detail)
     })?;
+    step("host tools", host_tools)?;
     step("C fixtures", || fixtures(repo))?;
     step("kernel BTF", btf)?;
     let is_root = crate::effective_uid() == Some(0);
@@ -327,6 +328,40 @@ fn bpf_linker(opts: &Options) -> Result<(String, PathBuf)> {
             installed_bin.display()
         ),
     }
+}
+
+/// The programs the fixtures and tests run, and the Debian package that has each: checked up
+/// front so a bare machine gets one clear message instead of a build or test failure.
+const HOST_TOOLS: [(&str, &str, &str); 5] = [
+    ("cc", "gcc", "the simulated vendor libraries (C)"),
+    (
+        "g++",
+        "g++",
+        "the simulated libatb.so and the C++ stack fixtures",
+    ),
+    ("make", "make", "tests/fixtures"),
+    (
+        "objcopy",
+        "binutils",
+        "the stripped-library fixture (.gnu_debuglink)",
+    ),
+    (
+        "python3",
+        "python3",
+        "the CPython label test (tests/labels.rs)",
+    ),
+];
+
+fn host_tools() -> Result<String> {
+    let missing: Vec<String> = HOST_TOOLS
+        .iter()
+        .filter(|(tool, _, _)| which(tool).is_none())
+        .map(|(tool, pkg, why)| format!("{tool} (Debian package {pkg}; for {why})"))
+        .collect();
+    if !missing.is_empty() {
+        bail!("missing on PATH: {}", missing.join(", "));
+    }
+    Ok(HOST_TOOLS.map(|t| t.0).join(", "))
 }
 
 fn fixtures(repo: &Path) -> Result<String> {
