@@ -32,6 +32,15 @@ pub mod kind {
     pub const CHUNK: u16 = 6;
 }
 
+/// Finished calls without data, sent together by the CPU that traced them (the per-CPU call
+/// batch of probe-ebpf, flushed when full and by user space, see `flush_calls`): a
+/// [`BATCH_HEADER`]-byte header `{ kind: u16 = BATCH_KIND, _: u16, count: u32 }`, then `count`
+/// records of [`RAW_HEADER`] bytes, each a [`RawEvent`] header with `data_len` 0.
+pub const BATCH_KIND: u16 = 8;
+pub const BATCH_HEADER: usize = 8;
+/// Calls per batch: the batch stays under 4 KiB.
+pub const BATCH_CAP: usize = 38;
+
 /// Registers, a frame-pointer walk and a copy of the user stack, emitted just before the
 /// CALL or CHUNK events of the same call on the same thread (see [`StackEvent`]).
 pub const STACK_KIND: u16 = 7;
@@ -134,6 +143,13 @@ pub mod spec_flags {
     /// executes its node runners): entries waiting for their return are told apart by the
     /// stack pointer, not only by thread and probe.
     pub const NESTED: u32 = 1 << 8;
+    /// Calls without data: the call's one timestamp is taken at entry (`ret_ts_ns` repeats
+    /// it). For calls whose effect user space dates at entry (a free: the block may be handed
+    /// out again before the call returns). A clock read costs ~40 ns here; one is enough.
+    pub const TIME_AT_ENTRY: u32 = 1 << 9;
+    /// Calls without data: the one timestamp is taken at return (`ts_ns` repeats it), for
+    /// calls dated at return (an allocation exists once it returned).
+    pub const TIME_AT_RETURN: u32 = 1 << 10;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

@@ -8,7 +8,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        TracePoint, UProbe,
+        RawTracePoint, RawTracePointRunOptions, TestRun, TracePoint, UProbe,
         uprobe::{UProbeAttachPoint, UProbeScope},
     },
 };
@@ -40,10 +40,35 @@ pub const STATS_ENV: &str = "MEMSCOPE_BPF_STATS";
 /// Environment variable that makes the tracer attach programs that do nothing (benchmarks only).
 pub const NOOP_PROGRAMS_ENV: &str = "MEMSCOPE_BPF_NOOP_PROGRAMS";
 
+/// Environment variable naming one library whose probes get the programs that do nothing
+/// while every other library gets the real ones: the bench compares two copies of the HAL,
+/// one of each, called alternately by one loop (benchmarks only).
+pub const NOOP_LIB_ENV: &str = "MEMSCOPE_BPF_NOOP_LIB";
+
+/// Program names for (entry, return, return site, return of a call without data).
+type UprobePrograms = (&'static str, &'static str, &'static str, &'static str);
+
+const NOOP_PROGRAMS: UprobePrograms = (
+    "noop_entry",
+    "noop_return",
+    "noop_return_site",
+    "noop_return",
+);
+const PROGRAMS: UprobePrograms = (
+    "call_entry",
+    "call_return",
+    "call_return_site",
+    "hal_return",
+);
+
 pub struct Bpf {
     ebpf: Ebpf,
-    /// (entry, return, return-site) program names used for uprobes.
-    uprobe_programs: (&'static str, &'static str, &'static str),
+    /// The programs used for uprobes (`PROGRAMS`, or `NOOP_PROGRAMS` for the bench's floor).
+    uprobe_programs: UprobePrograms,
+    /// The specs given to `set_spec`: they choose the return program.
+    spec_copies: std::collections::HashMap<u16, ProbeSpec>,
+    /// `MEMSCOPE_BPF_NOOP_LIB`, resolved.
+    noop_lib: Option<std::path::PathBuf>,
     /// Kernel run-time statistics of the programs (`MEMSCOPE_BPF_STATS=1`), on while held.
     stats: Option<std::os::fd::OwnedFd>,
     traced: HashMap<MapData, u32, u32>,
@@ -53,7 +78,15 @@ pub struct Bpf {
     /// Bumped after every removal from `traced` (see `TRACED_GEN` in probe-ebpf).
     traced_gen: Array<MapData, u32>,
     generation: u32,
+    /// CPUs whose call batches `flush_call_batches` sends.
+    cpus: Vec<u32>,
+    /// Calls are batched per CPU (`flush_calls` ran on every CPU at load).
+    batching: bool,
 }
+
+/// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
+/// gives up for this round (a program holds the batch for well under a microsecond).
+const FLUSH_TRIES: usize = 1000;
 
 impl Bpf {
     /// Loads the programs; `ring_bytes` must be a power of two multiple of the page size.
@@ -86,6 +119,7 @@ impl Bpf {
             "call_entry",
             "call_return",
             "call_return_site",
+            "hal_return",
             "noop_entry",
             "noop_return",
             "noop_return_site",
@@ -94,34 +128,56 @@ impl Bpf {
             up.load()
                 .with_context(|| format!("verifier rejected {prog}"))?;
         }
+        let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
+        flush.load().context("verifier rejected flush_calls")?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, e)| anyhow!("cannot read the online CPUs from {path}: {e}"))?;
         let ring = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?)?;
         let traced = HashMap::try_from(take_map(&mut ebpf, "TRACED")?)?;
         let known_paths = HashMap::try_from(take_map(&mut ebpf, "KNOWN_PATHS")?)?;
         let specs = Array::try_from(take_map(&mut ebpf, "PROBE_SPECS")?)?;
         let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)?;
         let traced_gen = Array::try_from(take_map(&mut ebpf, "TRACED_GEN")?)?;
-        Ok((
-            Bpf {
-                ebpf,
-                stats: std::env::var_os(STATS_ENV)
-                    .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
-                uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
-                    ("noop_entry", "noop_return", "noop_return_site")
-                } else {
-                    ("call_entry", "call_return", "call_return_site")
-                },
-                traced,
-                known_paths,
-                specs,
-                counters,
-                traced_gen,
-                generation: 0,
+        let mut bpf = Bpf {
+            ebpf,
+            stats: std::env::var_os(STATS_ENV)
+                .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
+            noop_lib: std::env::var_os(NOOP_LIB_ENV).and_then(|p| std::fs::canonicalize(p).ok()),
+            uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
+                NOOP_PROGRAMS
+            } else {
+                PROGRAMS
             },
-            ring,
-        ))
+            spec_copies: Default::default(),
+            traced,
+            known_paths,
+            specs,
+            counters,
+            traced_gen,
+            generation: 0,
+            cpus,
+            batching: false,
+        };
+        bpf.batching = bpf.run_flush();
+        if bpf.batching {
+            crate::log::debug(&format!(
+                "calls are batched per CPU ({} CPUs)",
+                bpf.cpus.len()
+            ));
+            let mut on: Array<&mut MapData, u32> = Array::try_from(
+                bpf.ebpf
+                    .map_mut("BATCHING")
+                    .ok_or_else(|| anyhow!("BPF map BATCHING missing"))?,
+            )?;
+            on.set(0, 1, 0).context("cannot turn on call batching")?;
+        } else {
+            crate::log::debug("cannot run flush_calls on every CPU: calls are sent one by one");
+        }
+        Ok((bpf, ring))
     }
 
     pub fn set_spec(&mut self, probe: u16, spec: ProbeSpec) -> Result<()> {
+        self.spec_copies.insert(probe, spec);
         self.specs
             .set(probe as u32, spec, 0)
             .with_context(|| format!("cannot store probe spec {probe}"))
@@ -137,7 +193,13 @@ impl Bpf {
         probe: u16,
         with_return: bool,
     ) -> Result<()> {
-        let (entry, ret, _) = self.uprobe_programs;
+        let (entry, ret, _, hal_ret) = self.programs_for(path);
+        use probe_common::spec_flags as sf;
+        let data_less = self.spec_copies.get(&probe).is_some_and(|s| {
+            s.flags & sf::WANTS_RETURN != 0
+                && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED) == 0
+        });
+        let ret = if data_less { hal_ret } else { ret };
         if with_return {
             // Attach the return probe first so no entry is stored without a return to pair it.
             self.attach_program(ret, path, file_offset, probe)?;
@@ -155,11 +217,18 @@ impl Bpf {
         return_sites: &[u64],
         probe: u16,
     ) -> Result<()> {
-        let (entry, _, site) = self.uprobe_programs;
+        let (entry, _, site, _) = self.programs_for(path);
         for at in return_sites {
             self.attach_program(site, path, *at, probe)?;
         }
         self.attach_program(entry, path, file_offset, probe)
+    }
+
+    fn programs_for(&self, path: &Path) -> UprobePrograms {
+        match &self.noop_lib {
+            Some(noop) if std::fs::canonicalize(path).is_ok_and(|p| &p == noop) => NOOP_PROGRAMS,
+            _ => self.uprobe_programs,
+        }
     }
 
     fn attach_program(
@@ -208,6 +277,43 @@ impl Bpf {
         // Threads of `pid` that cached "traced" must look it up again.
         self.generation = self.generation.wrapping_add(1);
         let _ = self.traced_gen.set(0, self.generation, 0);
+    }
+
+    /// Sends every CPU's batch of finished calls to the ring buffer (`flush_calls` in
+    /// probe-ebpf, run on each CPU). Returns false when a CPU's batch stayed busy: calls
+    /// dated before this flush may then still be waiting there.
+    pub fn flush_call_batches(&self) -> bool {
+        !self.batching || self.run_flush()
+    }
+
+    /// Runs `flush_calls` on every CPU; false when one stayed busy or it could not run.
+    fn run_flush(&self) -> bool {
+        let Some(Ok(flush)) = self
+            .ebpf
+            .program("flush_calls")
+            .map(<&RawTracePoint>::try_from)
+        else {
+            return false;
+        };
+        // Every CPU is asked even after one failed: each sent batch is progress.
+        self.cpus.iter().fold(true, |complete, &cpu| {
+            complete
+                & (0..FLUSH_TRIES).any(|_| {
+                    match flush.test_run(RawTracePointRunOptions {
+                        cpu: Some(cpu),
+                        ..Default::default()
+                    }) {
+                        Ok(r) => r.return_value == 0,
+                        // Gone offline since we listed it: nothing new can be waiting there.
+                        Err(aya::programs::ProgramError::SyscallError(e))
+                            if e.io_error.raw_os_error() == Some(libc::ENXIO) =>
+                        {
+                            true
+                        }
+                        Err(_) => false,
+                    }
+                })
+        })
     }
 
     /// (program, runs, total ns) of every program that ran, when statistics are on.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use probe_common::{RAW_HEADER, RawEvent, event_flags, kind};
+use probe_common::{BATCH_CAP, BATCH_HEADER, BATCH_KIND, RAW_HEADER, RawEvent, event_flags, kind};
 
 use crate::{hal::DrvMemProp, probes::ProbeId};
 
@@ -256,6 +256,18 @@ impl Decoded {
 
 /// Copies a record out of the ring buffer. `None` for short or unknown records.
 #[inline]
+/// The call records of a batch record (`probe_common::BATCH_KIND`); None for other records.
+/// A count beyond the bytes present yields the whole records that are there.
+pub fn batch_records(bytes: &[u8]) -> Option<std::slice::ChunksExact<'_, u8>> {
+    if bytes.len() < BATCH_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != BATCH_KIND {
+        return None;
+    }
+    let count = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    let body = &bytes[BATCH_HEADER..];
+    let len = (count.min(BATCH_CAP) * RAW_HEADER).min(body.len() / RAW_HEADER * RAW_HEADER);
+    Some(body[..len].chunks_exact(RAW_HEADER))
+}
+
 pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
     // Records carry the header and only the valid part of `data`.
     if bytes.len() < RAW_HEADER {
@@ -608,6 +620,71 @@ mod tests {
         r.ret_ts_ns = 200;
         r.flags = event_flags::HAS_RET;
         r
+    }
+
+    /// The BPF side reads the clock once for probes flagged TIME_AT_ENTRY / TIME_AT_RETURN,
+    /// at that end only: decoding must date them by that end, or its time would be a copy
+    /// of the other one's that was never taken.
+    #[test]
+    fn one_clock_read_probes_are_dated_at_the_end_they_read() {
+        use probe_common::spec_flags as sf;
+        let mut checked = 0;
+        for def in crate::probes::PROBES.iter() {
+            let flags = def.spec.flags;
+            let expect = if flags & sf::TIME_AT_ENTRY != 0 {
+                100
+            } else if flags & sf::TIME_AT_RETURN != 0 {
+                200
+            } else {
+                continue;
+            };
+            assert!(
+                flags & (sf::TIME_AT_ENTRY | sf::TIME_AT_RETURN)
+                    != sf::TIME_AT_ENTRY | sf::TIME_AT_RETURN,
+                "{:?} has both one-clock flags",
+                def.id
+            );
+            // Only calls without data take the pending-stack path that honours the flags.
+            assert_eq!(
+                flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED),
+                0
+            );
+            let mut r = call_raw(def.id);
+            r.args = [0x7000, 4096, 0, 0, 0, 0];
+            r.deref = 0x9000;
+            let Some(Decoded::Call(c)) = decode(&r) else {
+                panic!("{:?} does not decode", def.id)
+            };
+            assert_eq!(c.ts_mono, expect, "{:?}", def.id);
+            checked += 1;
+        }
+        // halMemAlloc/Free/Release, aclInit/Finalize, aclrtSetDevice.
+        assert_eq!(checked, 6);
+    }
+
+    #[test]
+    fn batch_records_split_a_batch_and_ignore_other_records() {
+        let mut bytes = vec![0u8; BATCH_HEADER + 3 * RAW_HEADER];
+        bytes[0..2].copy_from_slice(&BATCH_KIND.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&3u32.to_ne_bytes());
+        for i in 0..3 {
+            bytes[BATCH_HEADER + i * RAW_HEADER] = i as u8 + 1;
+        }
+        let records: Vec<&[u8]> = batch_records(&bytes).unwrap().collect();
+        assert_eq!(records.len(), 3);
+        assert!(records.iter().all(|r| r.len() == RAW_HEADER));
+        assert_eq!(
+            records.iter().map(|r| r[0]).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        // A count beyond the bytes sent: only the whole records present.
+        bytes[4..8].copy_from_slice(&9u32.to_ne_bytes());
+        assert_eq!(batch_records(&bytes[..bytes.len() - 1]).unwrap().count(), 2);
+        // Not a batch: a call record, and a runt.
+        let mut call = vec![0u8; RAW_HEADER];
+        call[0..2].copy_from_slice(&kind::CALL.to_ne_bytes());
+        assert!(batch_records(&call).is_none());
+        assert!(batch_records(&bytes[..4]).is_none());
     }
 
     #[test]

@@ -289,14 +289,19 @@ pub const PROBES: [ProbeDef; 40] = [
         id: ProbeId::HalMemAlloc,
         symbol: "halMemAlloc",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::DEREF_AT_RETURN, 0, 0, 0),
+        spec: spec(
+            sf::WANTS_RETURN | sf::DEREF_AT_RETURN | sf::TIME_AT_RETURN,
+            0,
+            0,
+            0,
+        ),
     },
     // drvError_t halMemFree(void *p): only successful frees count.
     ProbeDef {
         id: ProbeId::HalMemFree,
         symbol: "halMemFree",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
     },
     // drvError_t halMemCreate(handle **h, size_t size, const drv_mem_prop *prop, u64 flag)
     ProbeDef {
@@ -315,26 +320,26 @@ pub const PROBES: [ProbeDef; 40] = [
         id: ProbeId::HalMemRelease,
         symbol: "halMemRelease",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
     },
     ProbeDef {
         id: ProbeId::AclInit,
         symbol: "aclInit",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0),
     },
     ProbeDef {
         id: ProbeId::AclFinalize,
         symbol: "aclFinalize",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
     },
     // aclError aclrtSetDevice(int32_t deviceId): gives marks and ranges their device.
     ProbeDef {
         id: ProbeId::AclrtSetDevice,
         symbol: "aclrtSetDevice",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0),
     },
     // void mstxMarkA(const char *message, aclrtStream stream)
     ProbeDef {

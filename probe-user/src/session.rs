@@ -35,6 +35,9 @@ use crate::{
 /// racing with the reuse of its address) are applied in the order they took effect.
 const REORDER_WINDOW_NS: u64 = 50_000_000;
 const TICK: Duration = Duration::from_millis(100);
+/// How often the CPUs' batches of finished calls are sent (see `Bpf::flush_call_batches`):
+/// well inside the reorder window, so a batch's calls are never applied late.
+const FLUSH_EVERY: Duration = Duration::from_millis(20);
 const MAPS_RESCAN: Duration = Duration::from_millis(500);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
@@ -117,6 +120,9 @@ pub struct Session {
     stacks: Option<StackResolver>,
     pending_stacks: HashMap<u32, StackSample>,
     kernel_names: KernelNames,
+    /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
+    /// call dated before it has reached the ring buffer.
+    flushed_at: u64,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -151,6 +157,7 @@ impl Session {
             stacks: stack_depth.map(StackResolver::new),
             pending_stacks: HashMap::new(),
             kernel_names: KernelNames::default(),
+            flushed_at: 0,
         }
     }
 
@@ -161,6 +168,8 @@ impl Session {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(TICK);
+        let mut flush_tick = tokio::time::interval(FLUSH_EVERY);
+        flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_rescan = Instant::now();
         let mut last_progress = Instant::now();
         let end = loop {
@@ -169,6 +178,11 @@ impl Session {
                     let mut guard = guard?;
                     self.drain(guard.get_inner_mut())?;
                     guard.clear_ready();
+                    self.release(false)?;
+                }
+                _ = flush_tick.tick() => {
+                    self.flush_batches();
+                    self.drain(ring.get_mut())?;
                     self.release(false)?;
                 }
                 _ = tick.tick() => {
@@ -215,6 +229,7 @@ impl Session {
         }
         // The final drain handles (and so resumes) every process the BPF side stopped.
         let still_traced = self.bpf.traced_processes();
+        self.flush_batches();
         let drained = self.drain(ring.get_mut());
         // Belt and braces: whatever happened above, nothing we traced may stay stopped.
         for pid in still_traced {
@@ -277,19 +292,39 @@ impl Session {
         self.bpf.traced_processes().is_empty() && child_done
     }
 
+    /// Has every CPU send its batch of finished calls; see `flushed_at`.
+    fn flush_batches(&mut self) {
+        let started = clock_ns(libc::CLOCK_MONOTONIC);
+        if self.bpf.flush_call_batches() {
+            self.flushed_at = started;
+        }
+    }
+
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
         while let Some(item) = ring.next() {
-            if let Some(sample) = stacks::sample_from_bytes(&item) {
-                self.events += 1;
-                self.pending_stacks.insert(sample.tid, sample);
+            if let Some(records) = decode::batch_records(&item) {
+                for record in records {
+                    self.handle_record(record)?;
+                }
                 continue;
             }
-            let Some(raw) = decode::raw_from_bytes(&item) else {
-                continue;
+            self.handle_record(&item)?;
+        }
+        Ok(())
+    }
+
+    fn handle_record(&mut self, item: &[u8]) -> Result<()> {
+        {
+            if let Some(sample) = stacks::sample_from_bytes(item) {
+                self.events += 1;
+                self.pending_stacks.insert(sample.tid, sample);
+                return Ok(());
+            }
+            let Some(raw) = decode::raw_from_bytes(item) else {
+                return Ok(());
             };
-            drop(item);
             let Some(ev) = decode::decode(&raw) else {
-                continue;
+                return Ok(());
             };
             self.events += 1;
             match &ev {
@@ -387,7 +422,10 @@ impl Session {
 
     /// Applies held events older than the reorder window (all of them when `all`).
     fn release(&mut self, all: bool) -> Result<()> {
-        let horizon = clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(REORDER_WINDOW_NS);
+        // Calls may still wait in a CPU's batch if they are dated after the last flush.
+        let horizon = clock_ns(libc::CLOCK_MONOTONIC)
+            .saturating_sub(REORDER_WINDOW_NS)
+            .min(self.flushed_at);
         while let Some(Reverse(top)) = self.reorder.peek() {
             if !all && top.ts > horizon {
                 break;

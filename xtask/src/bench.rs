@@ -251,7 +251,16 @@ fn spread(v: &[f64]) -> (f64, f64) {
 
 /// `key=value` from a `RESULT ...` line.
 fn result_field(stdout: &str, key: &str) -> Option<f64> {
-    let line = stdout.lines().find(|l| l.starts_with("RESULT "))?;
+    tagged_field(stdout, "RESULT ", key)
+}
+
+fn result_ab_field(stdout: &str, key: &str) -> Option<f64> {
+    tagged_field(stdout, "RESULT_AB ", key)
+}
+
+/// `key=<number>` from the first line starting with `tag`.
+fn tagged_field(stdout: &str, tag: &str, key: &str) -> Option<f64> {
+    let line = stdout.lines().find(|l| l.starts_with(tag))?;
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .and_then(|v| v.parse().ok())
@@ -606,6 +615,7 @@ impl Bench {
                 }
             }
         }
+        let interleaved_md = self.interleaved()?;
         let mut md = String::new();
         writeln!(md, "## Target overhead\n")?;
         writeln!(
@@ -670,7 +680,103 @@ impl Bench {
             )?;
         }
         self.md.push_str(&md);
+        self.md.push_str(&interleaved_md);
         Ok(())
+    }
+
+    /// (b) and (c) in one process: `bench_loop --mode hal-ab` alternates 256-iteration blocks
+    /// between the HAL it links and a copy of it, and the tracer gives the copy the empty
+    /// programs (`MEMSCOPE_BPF_NOOP_LIB`). Drifts of the machine (other guests, clock
+    /// frequency), which move separate runs by tens of percent here, hit both sides alike.
+    fn interleaved(&mut self) -> Result<String> {
+        let copy_dir = self.scratch.join("hal-copy");
+        fs::create_dir_all(&copy_dir)?;
+        let copy = copy_dir.join("libascend_hal.so");
+        fs::copy(self.lib.join("libascend_hal.so"), &copy)
+            .with_context(|| format!("cannot copy the HAL to {}", copy.display()))?;
+        let iters = if self.opts.quick { 50_000 } else { 200_000 };
+        let args: Vec<String> = vec![
+            "--mode".into(),
+            "hal-ab".into(),
+            "--copy".into(),
+            copy.display().to_string(),
+            "--iters".into(),
+            iters.to_string(),
+        ];
+        let workload = self.bin.join("bench_loop");
+        let out_dir = self.scratch.join("trace-out");
+        for round in 0..self.opts.rounds {
+            for traced in [false, true] {
+                let _ = fs::remove_dir_all(&out_dir);
+                let c = if traced {
+                    let mut c = Command::new(&self.tracer);
+                    c.arg(format!("--output={}", out_dir.display()))
+                        .arg("--")
+                        .arg(&workload)
+                        .args(&args)
+                        .env("MEMSCOPE_BPF_NOOP_LIB", &copy);
+                    c
+                } else {
+                    let mut c = Command::new(&workload);
+                    c.args(&args);
+                    c
+                };
+                let out = self.exec(c)?;
+                let field = |k: &str| {
+                    result_ab_field(&out.stdout, k)
+                        .with_context(|| format!("no RESULT_AB from bench_loop:\n{}", out.stderr))
+                };
+                let (a, b) = (field("a_ns_per_call")?, field("b_ns_per_call")?);
+                let key = if traced { "traced" } else { "untraced" };
+                println!(
+                    "{TAG}   round {round} interleaved {key:8} memscope side {a:>8.1}, floor side {b:>8.1} ns/call, ratio {:.3}",
+                    a / b
+                );
+                self.sample("interleaved", "tight", key, round, "a_ns_per_call", a);
+                self.sample("interleaved", "tight", key, round, "b_ns_per_call", b);
+                self.sample("interleaved", "tight", key, round, "ratio", a / b);
+            }
+        }
+        let mut md = String::new();
+        writeln!(
+            md,
+            "## Target overhead, (b) and (c) interleaved in one process\n"
+        )?;
+        writeln!(
+            md,
+            "`bench_loop --mode hal-ab --iters {iters}`: the tight loop, alternating blocks of 256 \
+             iterations between the HAL it links (side A) and a copy of the same file (side B), \
+             both called through pointers. Traced, memscope-bpf gives side B the empty programs \
+             (`MEMSCOPE_BPF_NOOP_LIB`) and side A its real ones: A is (c), B is (b), measured \
+             in the same milliseconds. Untraced, the two sides show what the copy alone costs. \
+             {} rounds; median (min-max).\n",
+            self.opts.rounds
+        )?;
+        writeln!(md, "| run | side A ns/call | side B ns/call | A/B |")?;
+        writeln!(md, "|---|---:|---:|---:|")?;
+        for (key, name) in [
+            ("untraced", "untraced"),
+            ("traced", "memscope-bpf on A, empty programs on B"),
+        ] {
+            let cell = |m: &str| {
+                let v = self.values("interleaved", "tight", key, m);
+                let (lo, hi) = spread(&v);
+                if m == "ratio" {
+                    format!("{:.3} ({:.3}-{:.3})", median(&v), lo, hi)
+                } else {
+                    format!("{} ({}-{})", fmt_ns(median(&v)), fmt_ns(lo), fmt_ns(hi))
+                }
+            };
+            writeln!(
+                md,
+                "| {name} | {} | {} | {} |",
+                cell("a_ns_per_call"),
+                cell("b_ns_per_call"),
+                cell("ratio")
+            )?;
+        }
+        writeln!(md)?;
+        Ok(md)
     }
 
     fn placement(&mut self) -> Result<()> {
@@ -1363,6 +1469,23 @@ impl Bench {
                     } else {
                         verdict(false).to_string()
                     }
+                )?;
+            }
+            if !self
+                .values("interleaved", "tight", "traced", "ratio")
+                .is_empty()
+            {
+                let r = cur("interleaved", "tight", "traced", "ratio");
+                let pr = old("interleaved", "tight", "traced", "ratio");
+                writeln!(
+                    md,
+                    "| (c)/(b) ≤ 1.10, tight loop, (b) and (c) interleaved in one process | {r:.3} (over the floor: {} ns/call) | {} | {} |",
+                    fmt_ns(
+                        cur("interleaved", "tight", "traced", "a_ns_per_call")
+                            - cur("interleaved", "tight", "traced", "b_ns_per_call")
+                    ),
+                    p(pr, &|v| format!("{v:.3}")),
+                    verdict(r <= 1.10)
                 )?;
             }
             if !self
