@@ -348,6 +348,27 @@ fn emit(ev: &RawEvent) {
     }
 }
 
+/// Emits `ev`, stopping the calling thread first when `stop`. The record is reserved before
+/// the signal: a process stopped by an event that never reached user space would never be
+/// resumed (seen with `--call-stack=c` on a tight loop, whose stack copies fill the ring).
+/// Without room the event is lost (counted) and the process runs on.
+#[inline(always)]
+fn emit_stopping(ev: &mut RawEvent, stop: bool) {
+    if !stop {
+        emit(ev);
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
+        bump(counter::RINGBUF_FULL);
+        return;
+    };
+    if stop_current_thread() {
+        ev.flags |= event_flags::STOPPED;
+    }
+    entry.write(*ev);
+    entry.submit(0);
+}
+
 /// Takes the per-CPU scratch event and fills the header.
 #[inline(always)]
 fn scratch(kind_: u16, tgid: u32, tid: u32) -> Option<&'static mut RawEvent> {
@@ -436,13 +457,11 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
         emit_batch(ev, &spec);
     } else {
         if spec.flags & spec_flags::STOP_AT_ENTRY != 0 {
-            if offsets().stop_on_discovery != 0 && stop_current_thread() {
-                ev.flags |= event_flags::STOPPED;
-            }
+            emit_stopping(ev, offsets().stop_on_discovery != 0);
         } else {
             emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+            emit(ev);
         }
-        emit(ev);
     }
     Some(())
 }
@@ -1195,10 +1214,7 @@ fn try_process_exec(ctx: &TracePointContext) -> Option<()> {
         Err(_) => ev.flags |= event_flags::DATA_FAULT,
     }
     // The new program has not run an instruction yet: hold it until its libraries have probes.
-    if offsets().stop_on_discovery != 0 && stop_current_thread() {
-        ev.flags |= event_flags::STOPPED;
-    }
-    emit(ev);
+    emit_stopping(ev, offsets().stop_on_discovery != 0);
     Some(())
 }
 
@@ -1269,13 +1285,9 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     let ev = unsafe { &mut *OPENS.get_ptr_mut(&tid)? };
     let ret: i64 = unsafe { ctx.read_at(offsets().openat_ret as usize) }.unwrap_or(-1);
     if ret >= 0 {
-        if offsets().stop_on_discovery != 0
-            && unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_none()
-            && stop_current_thread()
-        {
-            ev.flags |= event_flags::STOPPED;
-        }
-        emit(ev);
+        let stop =
+            offsets().stop_on_discovery != 0 && unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_none();
+        emit_stopping(ev, stop);
     }
     let _ = OPENS.remove(&tid);
     Some(())

@@ -21,6 +21,7 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
     sync::Mutex,
+    time::{Duration, Instant},
 };
 
 use common::*;
@@ -1141,4 +1142,76 @@ fn csv_record_reader() {
     assert_eq!(s.functions()[4], "_start");
     assert!(parse_stack("").frames.is_empty());
     assert!(parse_stack("[truncated]").truncated);
+}
+
+/// With C stacks, `exit()` stops the process so its mappings can be read. A stop whose event
+/// did not fit in a full ring buffer left the target stopped for good and the tracer waiting
+/// for it (seen in the bench: a tight loop's stack copies fill the ring). The tracer is
+/// frozen here while the target fills its ring and exits, so the ring is full for sure: the
+/// target must get through `exit()` anyway, and the tracer must report the losses.
+#[test]
+fn a_full_ring_buffer_never_leaves_the_target_stopped() {
+    if !require_root("a_full_ring_buffer_never_leaves_the_target_stopped") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("stacks-ring-full");
+    let out_dir = dir.join("out");
+    let go = dir.join("go");
+    let mut tracer = Background::spawn(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=c:8",
+        "--ring-buffer-mib=1",
+        "--",
+        bin("workload").to_str().unwrap(),
+        "--wait-file",
+        go.to_str().unwrap(),
+        "--handoff",
+        "2000",
+    ]);
+    tracer.wait_for("(pid ", 60);
+    let pid: u32 = tracer
+        .seen_line("(pid ")
+        .rsplit("(pid ")
+        .next()
+        .and_then(|r| r.trim_end_matches(')').parse().ok())
+        .expect("target pid");
+    let state = |pid: u32| -> Option<char> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit(')').next()?.trim().chars().next()
+    };
+    // The target waits for the file, running (not held at its exec stop any more).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(pid) != Some('S') {
+        assert!(
+            Instant::now() < deadline,
+            "target never started: {:?}",
+            state(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tracer_pid = tracer.child.id() as i32;
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer_pid, libc::SIGSTOP) };
+    fs::write(&go, b"").unwrap();
+    // 4000 calls of 8 KiB stack copies fill the 1 MiB ring many times over; with nobody
+    // draining it the target must still run to its end (a zombie until the tracer reaps it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let end = loop {
+        let s = state(pid);
+        if s.is_none() || s == Some('Z') || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    unsafe { libc::kill(tracer_pid, libc::SIGCONT) };
+    assert!(
+        end.is_none() || end == Some('Z'),
+        "target left in state {end:?}"
+    );
+    tracer.wait_for("event(s) lost", 120);
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("ring buffer full"), "{stderr}");
 }

@@ -411,6 +411,15 @@ impl Background {
         }
     }
 
+    /// The first line seen so far that contains `needle` (call after `wait_for(needle)`).
+    pub fn seen_line(&self, needle: &str) -> &str {
+        self.seen
+            .iter()
+            .find(|l| l.contains(needle))
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("no line with {needle:?} seen"))
+    }
+
     /// Waits for the tracer to exit; returns its exit code and its whole stderr.
     pub fn finish(mut self) -> (Option<i32>, String) {
         let status = self.child.wait().unwrap();
