@@ -279,6 +279,11 @@ impl Bpf {
         let _ = self.traced_gen.set(0, self.generation, 0);
     }
 
+    /// The CPUs `flush_call_batches` visits.
+    pub fn cpu_count(&self) -> usize {
+        self.cpus.len()
+    }
+
     /// Sends every CPU's batch of finished calls to the ring buffer (`flush_calls` in
     /// probe-ebpf, run on each CPU). Returns false when a CPU's batch stayed busy: calls
     /// dated before this flush may then still be waiting there.

@@ -36,8 +36,12 @@ use crate::{
 const REORDER_WINDOW_NS: u64 = 50_000_000;
 const TICK: Duration = Duration::from_millis(100);
 /// How often the CPUs' batches of finished calls are sent (see `Bpf::flush_call_batches`):
-/// well inside the reorder window, so a batch's calls are never applied late.
-const FLUSH_EVERY: Duration = Duration::from_millis(20);
+/// well inside the reorder window. A flush costs a syscall and an interrupt per CPU (~5 us),
+/// so hosts with many CPUs flush less often; order never suffers (events wait for a flush),
+/// only latency.
+fn flush_every(cpus: usize) -> Duration {
+    Duration::from_millis((20 * cpus.div_ceil(16)).clamp(20, 250) as u64)
+}
 const MAPS_RESCAN: Duration = Duration::from_millis(500);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
@@ -168,7 +172,7 @@ impl Session {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(TICK);
-        let mut flush_tick = tokio::time::interval(FLUSH_EVERY);
+        let mut flush_tick = tokio::time::interval(flush_every(self.bpf.cpu_count()));
         flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_rescan = Instant::now();
         let mut last_progress = Instant::now();
@@ -658,5 +662,20 @@ pub fn process_alive(pid: u32) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_interval_grows_with_the_cpus_and_stays_bounded() {
+        let ms = |cpus| flush_every(cpus).as_millis();
+        assert_eq!(ms(1), 20);
+        assert_eq!(ms(16), 20);
+        assert_eq!(ms(17), 40);
+        assert_eq!(ms(192), 240);
+        assert_eq!(ms(4096), 250);
     }
 }
