@@ -50,6 +50,10 @@ pub const STACK_COPY: usize = 8192;
 /// Return addresses the kernel's frame-pointer walk (`bpf_get_stack`) may record.
 pub const FP_FRAMES: usize = 127;
 
+/// `StackEvent::flags`: the stack copy was left out to save ring space (see
+/// `counter::STACKS_SHED`); only the registers and the frame-pointer walk are there.
+pub const STACK_COPY_SHED: u16 = 1 << 0;
+
 /// A stack sample. Only the first `STACK_HEADER + stack_len` bytes are sent.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -253,7 +257,10 @@ pub mod counter {
     pub const TRACED_FULL: u32 = 3;
     /// Batch elements beyond `MAX_CHUNKS` chunks, or whose memory could not be read.
     pub const BATCH_DROPPED: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// Stack samples sent without their copy of the stack because the ring buffer was more
+    /// than half full (`--call-stack=c` under load): the events stay, the stacks get shorter.
+    pub const STACKS_SHED: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// Offsets into tracepoint records, read from tracefs `format` files by user space and

@@ -33,8 +33,8 @@ use aya_ebpf::{
 use probe_common::{
     BATCH_CAP, BATCH_HEADER, BATCH_KIND, CLONE_THREAD, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS,
     MAX_CHUNKS, MAX_PROBES, NO_ARRAY2, ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY,
-    STACK_HEADER, STACK_KIND, StackEvent, TracepointOffsets, counter, event_flags, kind,
-    spec_flags,
+    STACK_COPY_SHED, STACK_HEADER, STACK_KIND, StackEvent, TracepointOffsets, counter, event_flags,
+    kind, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -246,6 +246,16 @@ fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
         output_stack(st, 0);
         return;
     }
+    // A tracer that cannot drain 8 KiB copies as fast as a tight loop makes them would lose
+    // whole events once the ring is full: past half full, the copy is left out (the frame-
+    // pointer walk stays) so the calls themselves keep fitting.
+    if EVENTS.query(BPF_RB_AVAIL_DATA) > EVENTS.query(BPF_RB_RING_SIZE) / 2 {
+        st.flags = STACK_COPY_SHED;
+        st.stack_len = 0;
+        bump(counter::STACKS_SHED);
+        output_stack(st, 0);
+        return;
+    }
     // A read that crosses the top of the stack fails whole: try smaller copies. Each size is a
     // constant on its path, which is what the verifier needs for the output length.
     let sp = st.sp;
@@ -291,6 +301,7 @@ fn output_stack(st: &StackEvent, size: usize) {
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
+const BPF_RB_RING_SIZE: u64 = 1;
 /// Call events wake user space only once this much is waiting (about 700 records); below it
 /// the session's 100 ms tick drains them. A wakeup per event (irq_work + a context switch
 /// for every call) was most of our cost above the empty-program floor.

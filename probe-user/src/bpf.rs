@@ -25,6 +25,8 @@ pub struct Counters {
     pub traced_full: u64,
     /// Regions or references of mstx memory batches beyond what one call may emit.
     pub batch_dropped: u64,
+    /// Stack samples sent without their stack copy (ring buffer over half full).
+    pub stacks_shed: u64,
 }
 
 impl Counters {
@@ -349,6 +351,7 @@ impl Bpf {
             orphan_return: sum(counter::ORPHAN_RETURN),
             traced_full: sum(counter::TRACED_FULL),
             batch_dropped: sum(counter::BATCH_DROPPED),
+            stacks_shed: sum(counter::STACKS_SHED),
         }
     }
 

@@ -359,6 +359,13 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
     } else {
         log::info(&format!("{} events, none lost", r.events));
     }
+    if c.stacks_shed > 0 {
+        log::warn(&format!(
+            "{} call stack(s) taken without a copy of the stack (the ring buffer was over half \
+             full): frame-pointer frames only; a larger --ring-buffer-mib keeps more",
+            c.stacks_shed
+        ));
+    }
     if dirs.is_empty() {
         log::info(&format!(
             "no memory events recorded; nothing written under {}",

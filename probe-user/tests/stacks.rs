@@ -1214,4 +1214,20 @@ fn a_full_ring_buffer_never_leaves_the_target_stopped() {
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("ring buffer full"), "{stderr}");
+    // Past half full, samples went without their stack copy (~1 KiB instead of up to 9):
+    // several times more calls fit in the second half than the ~60 of the first.
+    assert!(
+        stderr.contains("taken without a copy of the stack"),
+        "{stderr}"
+    );
+    let rows = memscope_rows(&out_dir, pid);
+    assert!(rows >= 300, "only {rows} rows kept\n{stderr}");
+}
+
+/// MALLOC and FREE rows written for `pid`.
+fn memscope_rows(out_dir: &Path, pid: u32) -> usize {
+    stack_rows(out_dir, pid)
+        .iter()
+        .filter(|r| r.event == "MALLOC" || r.event == "FREE")
+        .count()
 }

@@ -595,7 +595,9 @@ fn target_crash_loses_nothing_and_reports_live_blocks() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let text = wait_for_text(&log, "FREE", 10);
+    // Generous: earlier tests' uprobe teardown (in the background, ~0.1 s a probe) holds up
+    // this tracer's attaching; a 10 s wait failed once in a fresh-machine CI run.
+    let text = wait_for_text(&log, "FREE", 60);
     let pid: u32 = text
         .lines()
         .find_map(|l| l.split("pid=").nth(1))
@@ -646,7 +648,7 @@ fn sigint_in_launch_mode_detaches_and_the_program_runs_on() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let text = wait_for_text(&log, "FREE", 10);
+    let text = wait_for_text(&log, "FREE", 60);
     let pid: u32 = text
         .lines()
         .find_map(|l| l.split("pid=").nth(1))
@@ -699,7 +701,7 @@ fn sigkilled_tracer_leaves_a_valid_database_up_to_its_last_commit() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let text = wait_for_text(&log, "FREE", 20);
+    let text = wait_for_text(&log, "FREE", 60);
     let pid: u32 = text
         .lines()
         .find_map(|l| l.split("pid=").nth(1))
