@@ -144,7 +144,7 @@ impl Bpf {
             ebpf,
             stats: std::env::var_os(STATS_ENV)
                 .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
-            noop_lib: std::env::var_os(NOOP_LIB_ENV).and_then(|p| std::fs::canonicalize(p).ok()),
+            noop_lib: noop_lib(),
             uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
                 NOOP_PROGRAMS
             } else {
@@ -389,6 +389,22 @@ impl Bpf {
         }
         // The parent's descriptors close at exit, cheaply: the child still holds them.
         std::mem::forget(self);
+    }
+}
+
+/// `MEMSCOPE_BPF_NOOP_LIB`, resolved; a path that does not resolve is said, not ignored
+/// silently (a bench would measure the real programs on both sides).
+fn noop_lib() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os(NOOP_LIB_ENV)?;
+    match std::fs::canonicalize(&path) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            crate::log::warn(&format!(
+                "{NOOP_LIB_ENV}={}: {e}; every library gets the real programs",
+                std::path::Path::new(&path).display()
+            ));
+            None
+        }
     }
 }
 

@@ -934,3 +934,50 @@ fn blocks_handed_between_cpus_keep_their_order() {
         );
     }
 }
+
+/// The bench's floor in one process: `MEMSCOPE_BPF_NOOP_LIB` gives one library (here the only
+/// HAL the workload loads, a copy) the programs that do nothing, so none of its calls is
+/// recorded, while the same run without it records them all. A path that does not resolve
+/// is reported.
+#[test]
+fn noop_lib_gives_one_library_the_empty_programs() {
+    if !require_root("noop_lib_gives_one_library_the_empty_programs") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("noop-lib");
+    let lib = dir.join("copy/libascend_hal.so");
+    fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    fs::copy(fixtures().join("lib/libascend_hal.so"), &lib).unwrap();
+    let run = |name: &str, noop_lib: &std::path::Path| {
+        let log = dir.join(format!("{name}.log"));
+        let out_dir = dir.join(name);
+        let out = Command::new(TRACER)
+            .args(["-o", out_dir.to_str().unwrap(), "--"])
+            .arg(bin("workload_dlopen"))
+            .args(["--lib-path", lib.to_str().unwrap(), "--allocs", "4"])
+            .args(["--log", log.to_str().unwrap()])
+            .env("MEMSCOPE_BPF_NOOP_LIB", noop_lib)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name}: {stderr}");
+        let gt = parse_log(&log);
+        assert_eq!(gt.of("MALLOC").len(), 4, "{name}");
+        let mallocs = process_dir(&out_dir, gt.pid).map_or(0, |_| {
+            memory_rows(&rows_of(&out_dir, gt.pid), "MALLOC").len()
+        });
+        (mallocs, stderr)
+    };
+    let (mallocs, stderr) = run("noop", &lib);
+    assert_eq!(mallocs, 0, "{stderr}");
+    assert!(stderr.contains("no memory events recorded"), "{stderr}");
+    let missing = dir.join("missing/libascend_hal.so");
+    let (mallocs, stderr) = run("real", &missing);
+    assert_eq!(mallocs, 4, "{stderr}");
+    assert!(
+        stderr.contains("MEMSCOPE_BPF_NOOP_LIB=")
+            && stderr.contains("every library gets the real programs"),
+        "{stderr}"
+    );
+}
