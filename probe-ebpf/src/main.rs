@@ -256,15 +256,28 @@ fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
         output_stack(st, 0);
         return;
     }
-    // A read that crosses the top of the stack fails whole: try smaller copies. Each size is a
-    // constant on its path, which is what the verifier needs for the output length.
+    // A read that crosses the top of the stack fails whole: try smaller copies, 512 bytes
+    // less each time, so a sample taken near the top still gets all but < 512 bytes of what
+    // is there (halving lost up to half: a deep recursion's outer frames, now and then). Each
+    // size is a constant on its path, which is what the verifier needs for the output length.
     let sp = st.sp;
     for size in [
         STACK_COPY,
-        STACK_COPY / 2,
-        STACK_COPY / 4,
-        STACK_COPY / 8,
-        STACK_COPY / 16,
+        STACK_COPY - 512,
+        STACK_COPY - 1024,
+        STACK_COPY - 1536,
+        STACK_COPY - 2048,
+        STACK_COPY - 2560,
+        STACK_COPY - 3072,
+        STACK_COPY - 3584,
+        STACK_COPY - 4096,
+        STACK_COPY - 4608,
+        STACK_COPY - 5120,
+        STACK_COPY - 5632,
+        STACK_COPY - 6144,
+        STACK_COPY - 6656,
+        STACK_COPY - 7168,
+        STACK_COPY - 7680,
     ] {
         if copy_stack(st, sp, size) {
             st.stack_len = size as u32;
