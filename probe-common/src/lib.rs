@@ -34,12 +34,50 @@ pub mod kind {
 
 /// Finished calls without data, sent together by the CPU that traced them (the per-CPU call
 /// batch of probe-ebpf, flushed when full and by user space, see `flush_calls`): a
-/// [`BATCH_HEADER`]-byte header `{ kind: u16 = BATCH_KIND, _: u16, count: u32 }`, then `count`
-/// records of [`RAW_HEADER`] bytes, each a [`RawEvent`] header with `data_len` 0.
+/// [`BATCH_HEADER`]-byte header `{ kind: u16 = BATCH_KIND, _: u16, words: u32 }`, then
+/// `words` u64 words of calls packed as [`packed`] describes.
 pub const BATCH_KIND: u16 = 8;
 pub const BATCH_HEADER: usize = 8;
-/// Calls per batch: the batch stays under 4 KiB.
-pub const BATCH_CAP: usize = 38;
+/// Most words a batch holds: the batch record stays under 4 KiB.
+pub const BATCH_WORDS: usize = 500;
+/// Length of the batch's word array: room for a whole call past any index below 512, so
+/// the BPF side can bound its stores with a mask.
+pub const BATCH_ARRAY_WORDS: usize = 512 + packed::MAX_WORDS;
+
+/// A call packed into a batch: only what user space needs of it, 32 to 96 bytes instead of a
+/// 104-byte [`RawEvent`] header (the bytes a call costs to move through the ring buffer are
+/// most of what batching it costs). Words, in order:
+/// 1. `pid | tid << 32`;
+/// 2. the descriptor: probe id, event flags, which arguments follow, which optional words
+///    follow, and the return value when it fits in an `i32` (the bit layout below);
+/// 3. the timestamp (`ts_ns`; also `ret_ts_ns` unless [`RET_TS`] is set);
+/// 4. optional, in this order: `ret_ts_ns` ([`RET_TS`]), `deref` ([`DEREF`]), `ret`
+///    ([`RET_WORD`]);
+/// 5. the arguments whose bit is set in the [`ARGS_SHIFT`] mask, lowest index first.
+pub mod packed {
+    /// Words of the longest packed call: 3 fixed, 3 optional, 6 arguments.
+    pub const MAX_WORDS: usize = 12;
+    pub const PROBE_MASK: u64 = 0xff;
+    pub const FLAGS_SHIFT: u32 = 8;
+    pub const FLAGS_MASK: u64 = 0xff;
+    /// Bits 16..22: the arguments present.
+    pub const ARGS_SHIFT: u32 = 16;
+    pub const ARGS_MASK: u64 = 0x3f;
+    pub const RET_TS: u64 = 1 << 22;
+    pub const DEREF: u64 = 1 << 23;
+    /// The return value does not fit in an `i32` and has its own word.
+    pub const RET_WORD: u64 = 1 << 24;
+    /// Bits 32..64: the return value as an `i32`, when [`RET_WORD`] is clear.
+    pub const RET_SHIFT: u32 = 32;
+
+    /// The descriptor word (everything but the return value).
+    #[inline(always)]
+    pub const fn descriptor(probe: u32, flags: u16, args: u32) -> u64 {
+        (probe as u64 & PROBE_MASK)
+            | (flags as u64 & FLAGS_MASK) << FLAGS_SHIFT
+            | (args as u64 & ARGS_MASK) << ARGS_SHIFT
+    }
+}
 
 /// Registers, a frame-pointer walk and a copy of the user stack, emitted just before the
 /// CALL or CHUNK events of the same call on the same thread (see [`StackEvent`]).
@@ -182,7 +220,13 @@ pub struct ProbeSpec {
     pub array2_off: u32,
     pub elem2_size: u32,
     pub array2_base: u32,
+    /// Bit i set: argument i is kept in a batched call (see [`packed`]); the others reach
+    /// user space as 0. [`ALL_ARGS`] for probes that keep them all.
+    pub kept_args: u32,
 }
+
+/// `ProbeSpec::kept_args` keeping every argument.
+pub const ALL_ARGS: u32 = (1 << MAX_ARGS) - 1;
 
 /// `ProbeSpec::array2_off` when there is no second array.
 pub const NO_ARRAY2: u32 = u32::MAX;

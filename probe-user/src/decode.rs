@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use probe_common::{BATCH_CAP, BATCH_HEADER, BATCH_KIND, RAW_HEADER, RawEvent, event_flags, kind};
+use probe_common::{
+    BATCH_HEADER, BATCH_KIND, BATCH_WORDS, RAW_HEADER, RawEvent, event_flags, kind, packed,
+};
 
 use crate::{hal::DrvMemProp, probes::ProbeId};
 
@@ -254,20 +256,70 @@ impl Decoded {
     }
 }
 
-/// Copies a record out of the ring buffer. `None` for short or unknown records.
-#[inline]
-/// The call records of a batch record (`probe_common::BATCH_KIND`); None for other records.
-/// A count beyond the bytes present yields the whole records that are there.
-pub fn batch_records(bytes: &[u8]) -> Option<std::slice::ChunksExact<'_, u8>> {
+/// The calls of a batch record (`probe_common::BATCH_KIND`), unpacked into [`RawEvent`]
+/// headers; None for other records. A call cut short by the end of the record ends the walk.
+pub fn batch_calls(bytes: &[u8]) -> Option<PackedCalls<'_>> {
     if bytes.len() < BATCH_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != BATCH_KIND {
         return None;
     }
-    let count = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    let words = u32::from_ne_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
     let body = &bytes[BATCH_HEADER..];
-    let len = (count.min(BATCH_CAP) * RAW_HEADER).min(body.len() / RAW_HEADER * RAW_HEADER);
-    Some(body[..len].chunks_exact(RAW_HEADER))
+    let len = (words.min(BATCH_WORDS) * 8).min(body.len() / 8 * 8);
+    Some(PackedCalls {
+        words: body[..len].chunks_exact(8),
+    })
 }
 
+/// Iterator over the calls of a batch record: see [`batch_calls`].
+pub struct PackedCalls<'a> {
+    words: std::slice::ChunksExact<'a, u8>,
+}
+
+impl PackedCalls<'_> {
+    fn word(&mut self) -> Option<u64> {
+        let w = self.words.next()?;
+        Some(u64::from_ne_bytes(w.try_into().ok()?))
+    }
+}
+
+impl Iterator for PackedCalls<'_> {
+    type Item = RawEvent;
+
+    fn next(&mut self) -> Option<RawEvent> {
+        let ids = self.word()?;
+        let desc = self.word()?;
+        let ts_ns = self.word()?;
+        let mut raw = RawEvent::zeroed();
+        raw.kind = kind::CALL;
+        raw.pid = ids as u32;
+        raw.tid = (ids >> 32) as u32;
+        raw.probe = (desc & packed::PROBE_MASK) as u16;
+        raw.flags = (desc >> packed::FLAGS_SHIFT & packed::FLAGS_MASK) as u16;
+        raw.ts_ns = ts_ns;
+        raw.ret_ts_ns = if desc & packed::RET_TS != 0 {
+            self.word()?
+        } else {
+            ts_ns
+        };
+        if desc & packed::DEREF != 0 {
+            raw.deref = self.word()?;
+        }
+        raw.ret = if desc & packed::RET_WORD != 0 {
+            self.word()?
+        } else {
+            (desc >> packed::RET_SHIFT) as u32 as i32 as i64 as u64
+        };
+        let kept = desc >> packed::ARGS_SHIFT & packed::ARGS_MASK;
+        for (i, arg) in raw.args.iter_mut().enumerate() {
+            if kept & 1 << i != 0 {
+                *arg = self.word()?;
+            }
+        }
+        Some(raw)
+    }
+}
+
+/// Copies a record out of the ring buffer. `None` for short records.
 pub fn raw_from_bytes(bytes: &[u8]) -> Option<RawEvent> {
     // Records carry the header and only the valid part of `data`.
     if bytes.len() < RAW_HEADER {
@@ -662,29 +714,125 @@ mod tests {
         assert_eq!(checked, 6);
     }
 
-    #[test]
-    fn batch_records_split_a_batch_and_ignore_other_records() {
-        let mut bytes = vec![0u8; BATCH_HEADER + 3 * RAW_HEADER];
+    /// A batch record as the BPF side writes it (layout written out here word by word, not
+    /// through a shared encoder, so a change on one side shows).
+    fn batch(words: &[u64]) -> Vec<u8> {
+        let mut bytes = vec![0u8; BATCH_HEADER];
         bytes[0..2].copy_from_slice(&BATCH_KIND.to_ne_bytes());
-        bytes[4..8].copy_from_slice(&3u32.to_ne_bytes());
-        for i in 0..3 {
-            bytes[BATCH_HEADER + i * RAW_HEADER] = i as u8 + 1;
+        bytes[4..8].copy_from_slice(&(words.len() as u32).to_ne_bytes());
+        for w in words {
+            bytes.extend_from_slice(&w.to_ne_bytes());
         }
-        let records: Vec<&[u8]> = batch_records(&bytes).unwrap().collect();
-        assert_eq!(records.len(), 3);
-        assert!(records.iter().all(|r| r.len() == RAW_HEADER));
+        bytes
+    }
+
+    #[test]
+    fn batch_calls_unpack_every_layout() {
+        let ids = 77u64 | 78 << 32;
+        let words = [
+            // halMemAlloc: one timestamp, deref, ret 0 in the descriptor, args 1 and 2.
+            ids,
+            ProbeId::HalMemAlloc as u64
+                | (event_flags::HAS_RET as u64) << 8
+                | 0b110 << 16
+                | 1 << 23,
+            500,
+            0xdead_0000,
+            4096,
+            1 << 10,
+            // halMemFree failing with -1 (fits an i32: sign-extended), arg 0.
+            ids,
+            ProbeId::HalMemFree as u64
+                | (event_flags::HAS_RET as u64) << 8
+                | 1 << 16
+                | 0xffff_ffff << 32,
+            600,
+            0xbeef,
+            // Two timestamps, a 64-bit return value in its own word, a deref that faulted,
+            // arguments 0 and 5.
+            ids,
+            9 | ((event_flags::HAS_RET | event_flags::DEREF_FAULT) as u64) << 8
+                | 0b100001 << 16
+                | 1 << 22
+                | 1 << 23
+                | 1 << 24,
+            700,
+            750,
+            0,
+            0x1_0000_0000,
+            11,
+            66,
+        ];
+        let calls: Vec<RawEvent> = batch_calls(&batch(&words)).unwrap().collect();
+        assert_eq!(calls.len(), 3);
+        let c = &calls[0];
         assert_eq!(
-            records.iter().map(|r| r[0]).collect::<Vec<_>>(),
-            vec![1, 2, 3]
+            (c.kind, c.pid, c.tid, c.probe),
+            (kind::CALL, 77, 78, ProbeId::HalMemAlloc as u16)
         );
-        // A count beyond the bytes sent: only the whole records present.
-        bytes[4..8].copy_from_slice(&9u32.to_ne_bytes());
-        assert_eq!(batch_records(&bytes[..bytes.len() - 1]).unwrap().count(), 2);
+        assert_eq!(
+            (c.ts_ns, c.ret_ts_ns, c.ret, c.deref),
+            (500, 500, 0, 0xdead_0000)
+        );
+        assert_eq!(c.args, [0, 4096, 1 << 10, 0, 0, 0]);
+        assert_eq!(c.flags, event_flags::HAS_RET);
+        let c = &calls[1];
+        assert_eq!(
+            (c.ts_ns, c.ret_ts_ns, c.ret as i64, c.deref),
+            (600, 600, -1, 0)
+        );
+        assert_eq!(c.args, [0xbeef, 0, 0, 0, 0, 0]);
+        let c = &calls[2];
+        assert_eq!(c.probe, 9);
+        assert_eq!(c.flags, event_flags::HAS_RET | event_flags::DEREF_FAULT);
+        assert_eq!(
+            (c.ts_ns, c.ret_ts_ns, c.ret, c.deref),
+            (700, 750, 0x1_0000_0000, 0)
+        );
+        assert_eq!(c.args, [11, 0, 0, 0, 0, 66]);
+
+        // A call cut short by the end of the record ends the walk; the whole ones stay.
+        let cut = batch(&words[..words.len() - 1]);
+        assert_eq!(batch_calls(&cut).unwrap().count(), 2);
+        // A word count beyond the bytes sent reads only what is there.
+        let mut short = batch(&words);
+        short[4..8].copy_from_slice(&400u32.to_ne_bytes());
+        assert_eq!(batch_calls(&short).unwrap().count(), 3);
         // Not a batch: a call record, and a runt.
         let mut call = vec![0u8; RAW_HEADER];
         call[0..2].copy_from_slice(&kind::CALL.to_ne_bytes());
-        assert!(batch_records(&call).is_none());
-        assert!(batch_records(&bytes[..4]).is_none());
+        assert!(batch_calls(&call).is_none());
+        assert!(batch_calls(&batch(&words)[..4]).is_none());
+    }
+
+    #[test]
+    fn batched_calls_keep_every_argument_decode_reads() {
+        use crate::probes::PROBES;
+        let mut narrowed = 0;
+        for def in PROBES
+            .iter()
+            .filter(|d| d.spec.kept_args != probe_common::ALL_ARGS)
+        {
+            narrowed += 1;
+            let mut full = call_raw(def.id);
+            full.args = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66];
+            full.ret = 5;
+            full.deref = 0x7000;
+            let mut kept = full;
+            for (i, a) in kept.args.iter_mut().enumerate() {
+                if def.spec.kept_args & 1 << i == 0 {
+                    *a = 0;
+                }
+            }
+            assert_eq!(
+                decode(&kept),
+                decode(&full),
+                "{} needs an argument it drops",
+                def.symbol
+            );
+        }
+        // halMemAlloc, halMemFree, halMemRelease, aclInit, aclFinalize, aclrtSetDevice.
+        assert_eq!(narrowed, 6);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The probe table: which vendor entry points are traced and what each one captures.
 //! This is the only place that knows symbol names; the BPF programs only see probe ids.
 
-use probe_common::{NO_ARRAY2, ProbeSpec, spec_flags as sf};
+use probe_common::{ALL_ARGS, NO_ARRAY2, ProbeSpec, spec_flags as sf};
 
 /// Size of `struct drv_mem_prop` (five u32 and a u64 at offset 24).
 pub const DRV_MEM_PROP_SIZE: u32 = 32;
@@ -159,6 +159,7 @@ const NONE: ProbeSpec = ProbeSpec {
     array2_off: NO_ARRAY2,
     elem2_size: 0,
     array2_base: 0,
+    kept_args: ALL_ARGS,
 };
 
 const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> ProbeSpec {
@@ -168,6 +169,21 @@ const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> Probe
         data_len,
         deref_arg,
         ..NONE
+    }
+}
+
+/// `spec` whose batched calls keep only the arguments `decode` reads (the others cost ring
+/// buffer bytes for nothing; a test checks that decoding never needs a dropped one).
+const fn keeping(spec: ProbeSpec, args: &[u32]) -> ProbeSpec {
+    let mut kept = 0;
+    let mut i = 0;
+    while i < args.len() {
+        kept |= 1 << args[i];
+        i += 1;
+    }
+    ProbeSpec {
+        kept_args: kept,
+        ..spec
     }
 }
 
@@ -289,11 +305,14 @@ pub const PROBES: [ProbeDef; 40] = [
         id: ProbeId::HalMemAlloc,
         symbol: "halMemAlloc",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(
-            sf::WANTS_RETURN | sf::DEREF_AT_RETURN | sf::TIME_AT_RETURN,
-            0,
-            0,
-            0,
+        spec: keeping(
+            spec(
+                sf::WANTS_RETURN | sf::DEREF_AT_RETURN | sf::TIME_AT_RETURN,
+                0,
+                0,
+                0,
+            ),
+            &[1, 2],
         ),
     },
     // drvError_t halMemFree(void *p): only successful frees count.
@@ -301,7 +320,7 @@ pub const PROBES: [ProbeDef; 40] = [
         id: ProbeId::HalMemFree,
         symbol: "halMemFree",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0), &[0]),
     },
     // drvError_t halMemCreate(handle **h, size_t size, const drv_mem_prop *prop, u64 flag)
     ProbeDef {
@@ -320,26 +339,26 @@ pub const PROBES: [ProbeDef; 40] = [
         id: ProbeId::HalMemRelease,
         symbol: "halMemRelease",
         home: Home::Library(HAL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0), &[0]),
     },
     ProbeDef {
         id: ProbeId::AclInit,
         symbol: "aclInit",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0), &[]),
     },
     ProbeDef {
         id: ProbeId::AclFinalize,
         symbol: "aclFinalize",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0), &[]),
     },
     // aclError aclrtSetDevice(int32_t deviceId): gives marks and ranges their device.
     ProbeDef {
         id: ProbeId::AclrtSetDevice,
         symbol: "aclrtSetDevice",
         home: Home::Library(ACL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_RETURN, 0, 0, 0), &[0]),
     },
     // void mstxMarkA(const char *message, aclrtStream stream)
     ProbeDef {

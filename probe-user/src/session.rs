@@ -11,6 +11,7 @@ use std::{
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
+use probe_common::RawEvent;
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
@@ -306,9 +307,9 @@ impl Session {
 
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
         while let Some(item) = ring.next() {
-            if let Some(records) = decode::batch_records(&item) {
-                for record in records {
-                    self.handle_record(record)?;
+            if let Some(calls) = decode::batch_calls(&item) {
+                for raw in calls {
+                    self.handle_raw(&raw)?;
                 }
                 continue;
             }
@@ -318,16 +319,20 @@ impl Session {
     }
 
     fn handle_record(&mut self, item: &[u8]) -> Result<()> {
+        if let Some(sample) = stacks::sample_from_bytes(item) {
+            self.events += 1;
+            self.pending_stacks.insert(sample.tid, sample);
+            return Ok(());
+        }
+        match decode::raw_from_bytes(item) {
+            Some(raw) => self.handle_raw(&raw),
+            None => Ok(()),
+        }
+    }
+
+    fn handle_raw(&mut self, raw: &RawEvent) -> Result<()> {
         {
-            if let Some(sample) = stacks::sample_from_bytes(item) {
-                self.events += 1;
-                self.pending_stacks.insert(sample.tid, sample);
-                return Ok(());
-            }
-            let Some(raw) = decode::raw_from_bytes(item) else {
-                return Ok(());
-            };
-            let Some(ev) = decode::decode(&raw) else {
+            let Some(ev) = decode::decode(raw) else {
                 return Ok(());
             };
             self.events += 1;
