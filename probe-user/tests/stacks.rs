@@ -21,7 +21,6 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
     sync::Mutex,
-    time::{Duration, Instant},
 };
 
 use common::*;
@@ -1170,42 +1169,10 @@ fn a_full_ring_buffer_never_leaves_the_target_stopped() {
         "--handoff",
         "2000",
     ]);
-    tracer.wait_for("(pid ", 60);
-    let pid: u32 = tracer
-        .seen_line("(pid ")
-        .rsplit("(pid ")
-        .next()
-        .and_then(|r| r.trim_end_matches(')').parse().ok())
-        .expect("target pid");
-    let state = |pid: u32| -> Option<char> {
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit(')').next()?.trim().chars().next()
-    };
-    // The target waits for the file, running (not held at its exec stop any more).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while state(pid) != Some('S') {
-        assert!(
-            Instant::now() < deadline,
-            "target never started: {:?}",
-            state(pid)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let tracer_pid = tracer.child.id() as i32;
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(tracer_pid, libc::SIGSTOP) };
-    fs::write(&go, b"").unwrap();
+    let pid = tracer.target_pid();
     // 4000 calls of 8 KiB stack copies fill the 1 MiB ring many times over; with nobody
     // draining it the target must still run to its end (a zombie until the tracer reaps it).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let end = loop {
-        let s = state(pid);
-        if s.is_none() || s == Some('Z') || Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    unsafe { libc::kill(tracer_pid, libc::SIGCONT) };
+    let end = tracer.run_target_frozen(pid, &go);
     assert!(
         end.is_none() || end == Some('Z'),
         "target left in state {end:?}"

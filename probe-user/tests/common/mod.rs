@@ -362,6 +362,12 @@ pub fn wait_for_text(path: &Path, needle: &str, secs: u64) -> String {
     }
 }
 
+/// The state letter of `/proc/PID/stat` (None once the process is gone).
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim().chars().next()
+}
+
 /// A tracer started in the background whose stderr is collected while the test goes on.
 pub struct Background {
     pub child: std::process::Child,
@@ -418,6 +424,48 @@ impl Background {
             .find(|l| l.contains(needle))
             .map(String::as_str)
             .unwrap_or_else(|| panic!("no line with {needle:?} seen"))
+    }
+
+    /// The pid of the launched target, from the line announcing it (`... (pid N)`).
+    pub fn target_pid(&mut self) -> u32 {
+        self.wait_for("(pid ", 60);
+        self.seen_line("(pid ")
+            .rsplit("(pid ")
+            .next()
+            .and_then(|r| r.trim_end_matches(')').parse().ok())
+            .expect("target pid")
+    }
+
+    /// Lets a launched target that waits for the file `go` run to its end while this tracer is
+    /// frozen (SIGSTOP: nobody drains the ring buffer), then thaws the tracer. Returns the
+    /// target's state at the end: None (gone) or `Z` once it got through, anything else if it
+    /// was still there after 60 s.
+    pub fn run_target_frozen(&mut self, pid: u32, go: &Path) -> Option<char> {
+        use std::time::{Duration, Instant};
+        // The target waits for the file, running (not held at its exec stop any more).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while process_state(pid) != Some('S') {
+            assert!(
+                Instant::now() < deadline,
+                "target never started: {:?}",
+                process_state(pid)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let tracer = self.child.id() as i32;
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(tracer, libc::SIGSTOP) };
+        fs::write(go, b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let end = loop {
+            let s = process_state(pid);
+            if s.is_none() || s == Some('Z') || Instant::now() > deadline {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        unsafe { libc::kill(tracer, libc::SIGCONT) };
+        end
     }
 
     /// Waits for the tracer to exit; returns its exit code and its whole stderr.
