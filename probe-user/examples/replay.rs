@@ -1,7 +1,8 @@
 //! User-space throughput benchmark (run by `cargo xtask bench`): replays a synthetic stream
-//! of ring-buffer records through the same path the tracer uses — `decode::raw_from_bytes`,
-//! `decode::decode`, `tracker::ProcessState::apply_into`, a writer, and the leak analysis at the
-//! end — and prints one JSON line:
+//! of ring-buffer records through the same path the tracer uses — per-CPU batch records of
+//! packed calls (`decode::batch_calls`, the layout of `probe_common::packed`), `decode::decode`,
+//! `tracker::ProcessState::apply_into`, a writer, and the leak analysis at the end — and
+//! prints one JSON line:
 //!
 //! `{"writer":"csv","events":N,"seconds":S,"events_per_s":R,"rows":N,"live_blocks":B,"peak_rss_kib":K}`
 //!
@@ -25,7 +26,7 @@ use memscope_bpf::{
     probes::ProbeId,
     tracker::{ProcessState, StepFilter, TrackOptions},
 };
-use probe_common::{RawEvent, event_flags, kind};
+use probe_common::{BATCH_KIND, BATCH_WORDS, RawEvent, event_flags, kind, packed};
 
 struct Args {
     events: u64,
@@ -73,13 +74,39 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn as_bytes(ev: &RawEvent) -> &[u8] {
-    // SAFETY: RawEvent is repr(C) plain integers; the ring buffer hands us the same bytes.
-    unsafe {
-        std::slice::from_raw_parts(
-            ev as *const RawEvent as *const u8,
-            std::mem::size_of::<RawEvent>(),
-        )
+/// Appends `raw` to a batch record packed as the BPF side packs it (`probe_common::packed`):
+/// ids, descriptor (return value inline), timestamp, return timestamp, deref, kept arguments.
+fn pack(batch: &mut Vec<u64>, raw: &RawEvent, kept_args: u32) {
+    let mut desc = packed::descriptor(raw.probe as u32, raw.flags, kept_args)
+        | packed::RET_TS
+        | (raw.ret as u32 as u64) << packed::RET_SHIFT;
+    if raw.probe == ProbeId::HalMemAlloc as u16 {
+        desc |= packed::DEREF;
+    }
+    batch.extend([
+        raw.pid as u64 | (raw.tid as u64) << 32,
+        desc,
+        raw.ts_ns,
+        raw.ret_ts_ns,
+    ]);
+    if desc & packed::DEREF != 0 {
+        batch.push(raw.deref);
+    }
+    for (i, a) in raw.args.iter().enumerate() {
+        if kept_args & 1 << i != 0 {
+            batch.push(*a);
+        }
+    }
+}
+
+/// The bytes of a batch record holding `words`.
+fn batch_record(words: &[u64], bytes: &mut Vec<u8>) {
+    bytes.clear();
+    bytes.extend_from_slice(&BATCH_KIND.to_ne_bytes());
+    bytes.extend_from_slice(&0u16.to_ne_bytes());
+    bytes.extend_from_slice(&(words.len() as u32).to_ne_bytes());
+    for w in words {
+        bytes.extend_from_slice(&w.to_ne_bytes());
     }
 }
 
@@ -128,6 +155,17 @@ fn main() -> anyhow::Result<()> {
     let mut row_buf = Vec::new();
     let mut allocs = 0u64;
     let mut ts = 1_000_000u64;
+    let spec_of = |id: ProbeId| {
+        memscope_bpf::probes::PROBES
+            .iter()
+            .find(|d| d.id == id)
+            .expect("probe")
+            .spec
+            .kept_args
+    };
+    let (alloc_args, free_args) = (spec_of(ProbeId::HalMemAlloc), spec_of(ProbeId::HalMemFree));
+    let mut words: Vec<u64> = Vec::with_capacity(BATCH_WORDS);
+    let mut bytes: Vec<u8> = Vec::with_capacity(8 + 8 * BATCH_WORDS);
     let start = Instant::now();
     for i in 0..args.events {
         let t = (i % threads as u64) as usize;
@@ -164,19 +202,30 @@ fn main() -> anyhow::Result<()> {
                 q.push_back(addr);
             }
         }
-        let rec = decode::raw_from_bytes(as_bytes(&raw)).expect("full record");
-        let Some(Decoded::Call(call)) = decode::decode(&rec) else {
-            continue;
+        let kept = if raw.probe == ProbeId::HalMemAlloc as u16 {
+            alloc_args
+        } else {
+            free_args
         };
-        let ts_real = call.ts_mono;
-        state.apply_into(&call, ts_real, &opts, None, &mut row_buf);
-        for row in &row_buf {
-            rows += 1;
-            if let Some(o) = out.as_mut() {
-                o.write_ref(row)?;
+        pack(&mut words, &raw, kept);
+        if words.len() > BATCH_WORDS - packed::MAX_WORDS || i + 1 == args.events {
+            batch_record(&words, &mut bytes);
+            words.clear();
+            for rec in decode::batch_calls(&bytes).expect("a batch record") {
+                let Some(Decoded::Call(call)) = decode::decode(&rec) else {
+                    continue;
+                };
+                let ts_real = call.ts_mono;
+                state.apply_into(&call, ts_real, &opts, None, &mut row_buf);
+                for row in &row_buf {
+                    rows += 1;
+                    if let Some(o) = out.as_mut() {
+                        o.write_ref(row)?;
+                    }
+                }
+                row_buf.clear();
             }
         }
-        row_buf.clear();
     }
     let blocks = state.live_blocks();
     if let Some(o) = out.as_mut() {

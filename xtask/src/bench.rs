@@ -1349,8 +1349,9 @@ impl Bench {
         writeln!(
             md,
             "`probe-user/examples/replay.rs`: synthetic ring records (halMemAlloc/halMemFree \
-             pairs over 8 threads, 64 live blocks per thread, every 1000th block leaked) through \
-             `decode::raw_from_bytes` + `decode::decode`, `tracker::ProcessState::apply_into`, the \
+             pairs over 8 threads, 64 live blocks per thread, every 1000th block leaked), packed \
+             into batch records as the BPF side sends them, through `decode::batch_calls` + \
+             `decode::decode`, `tracker::ProcessState::apply_into`, the \
              writer, then the leak analysis (leak files + report). One core, {rounds} rounds, \
              median (min-max). Peak RSS is VmHWM of the whole process. The `db` writer does not \
              exist yet (`--format=db` is refused), so it is not measured.\n"
