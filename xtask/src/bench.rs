@@ -1650,7 +1650,9 @@ impl Bench {
             md,
             " in {seconds:.0} s. Raw numbers: [benchmarks/raw.csv](benchmarks/raw.csv), \
              medians: [benchmarks/results.json](benchmarks/results.json). Times are for this \
-             machine only; compare configurations within one run.\n"
+             machine only; compare configurations within one run. Side-by-side comparisons of \
+             builds and what changed between runs, written by hand: \
+             [benchmark-notes.md](benchmark-notes.md).\n"
         )?;
         writeln!(md, "| | |\n|---|---|")?;
         for (k, v) in &machine {
