@@ -995,30 +995,13 @@ fn calls_lost_to_a_full_ring_buffer_are_counted_one_by_one() {
     let _serial = serial();
     let dir = scratch("batch-ring-full");
     let out_dir = dir.join("out");
-    let go = dir.join("go");
     let log = dir.join("gt.log");
-    let mut tracer = Background::spawn(&[
-        "-o",
-        out_dir.to_str().unwrap(),
-        "--ring-buffer-mib=1",
-        "--",
-        bin("workload").to_str().unwrap(),
-        "--wait-file",
-        go.to_str().unwrap(),
-        "--handoff",
-        "30000",
-        "--log",
-        log.to_str().unwrap(),
-    ]);
-    let pid = tracer.target_pid();
-    let end = tracer.run_target_frozen(pid, &go);
-    assert!(
-        end.is_none() || end == Some('Z'),
-        "target left in state {end:?}"
+    let (pid, stderr) = run_with_full_ring(
+        &dir,
+        &out_dir,
+        &[],
+        &["--handoff", "30000", "--log", log.to_str().unwrap()],
     );
-    tracer.wait_for("event(s): the ring buffer was full", 120);
-    let (code, stderr) = tracer.finish();
-    assert_eq!(code, Some(0), "{stderr}");
     let lost: usize = stderr
         .split("lost ")
         .nth(1)

@@ -362,6 +362,41 @@ pub fn wait_for_text(path: &Path, needle: &str, secs: u64) -> String {
     }
 }
 
+/// Runs `workload --wait-file GO <workload_args>` under the tracer (`tracer_args`, then a
+/// 1 MiB ring buffer) with the tracer frozen while the workload runs, so the ring fills for
+/// sure. Asserts the target got through `exit()` and the tracer reported losses and exited 0;
+/// returns the target's pid and the tracer's stderr.
+pub fn run_with_full_ring(
+    dir: &Path,
+    out_dir: &Path,
+    tracer_args: &[&str],
+    workload_args: &[&str],
+) -> (u32, String) {
+    let go = dir.join("go");
+    let workload = bin("workload");
+    let mut args = vec!["-o", out_dir.to_str().unwrap()];
+    args.extend_from_slice(tracer_args);
+    args.extend_from_slice(&[
+        "--ring-buffer-mib=1",
+        "--",
+        workload.to_str().unwrap(),
+        "--wait-file",
+        go.to_str().unwrap(),
+    ]);
+    args.extend_from_slice(workload_args);
+    let mut tracer = Background::spawn(&args);
+    let pid = tracer.target_pid();
+    let end = tracer.run_target_frozen(pid, &go);
+    assert!(
+        end.is_none() || end == Some('Z'),
+        "target left in state {end:?}"
+    );
+    tracer.wait_for("event(s): the ring buffer was full", 120);
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    (pid, stderr)
+}
+
 /// The state letter of `/proc/PID/stat` (None once the process is gone).
 pub fn process_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
