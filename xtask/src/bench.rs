@@ -1276,7 +1276,7 @@ impl Bench {
             md,
             "`bench_loop --threads 4 --seconds {}` under memscope-bpf with the default ring \
              buffer, on this {}-CPU machine (the 4 workload threads and the tracer share the \
-             CPUs). Events = completed traced calls (HAL calls reach user space in per-CPU batches of up to 38, mstx marks one ring record each).\n",
+             CPUs). Events = completed traced calls (HAL calls reach user space in per-CPU batches of packed calls, about 100 `halMemAlloc`/`halMemFree` calls per 4 KiB record; mstx marks one ring record each).\n",
             self.opts.loss_seconds,
             std::thread::available_parallelism()
                 .map(|n| n.get())
