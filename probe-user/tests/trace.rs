@@ -373,8 +373,17 @@ fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
     let dir = scratch("sigterm");
     let log = dir.join("gt.log");
     let out_dir = dir.join("out");
+    let stop = dir.join("stop");
+    // Loops until told to stop (at most 2 minutes), so a slow attach cannot outlast it.
     let mut target = Command::new(bin("workload"))
-        .args(["--loop-ms", "20000", "--log", log.to_str().unwrap()])
+        .args([
+            "--loop-ms",
+            "120000",
+            "--stop-file",
+            stop.to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -410,12 +419,12 @@ fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
         }
         // A deadline, not a timing assert: tracers that ran just before may still be
         // unregistering their uprobes in the background (~0.1 s each), which the kernel
-        // serializes with our attaching. The target loops for 20 s.
-        if started.elapsed() > Duration::from_secs(15) {
+        // serializes with our attaching (15 s was not enough once in a fresh-clone CI run).
+        if started.elapsed() > Duration::from_secs(90) {
             let _ = tracer.kill();
             let out = tracer.wait_with_output().unwrap();
             panic!(
-                "tracer wrote nothing in 15 s: {}",
+                "tracer wrote nothing in 90 s: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
@@ -433,6 +442,8 @@ fn sigterm_detaches_keeps_files_valid_and_leaves_the_target_running() {
         target.try_wait().unwrap().is_none(),
         "target died with the tracer"
     );
+    std::thread::sleep(Duration::from_millis(200));
+    fs::write(&stop, b"").unwrap();
     assert!(target.wait().unwrap().success());
     assert!(
         detached_at.elapsed() > Duration::from_millis(100),
