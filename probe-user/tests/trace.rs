@@ -252,8 +252,9 @@ fn attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks() {
         "-o",
         out_dir.to_str().unwrap(),
     ]);
-    // Let the target go once the probes are in place.
-    tracer.wait_for("attached to pid", 30);
+    // Let the target go once the probes are in place (generous: earlier tracers' uprobe
+    // teardown in the background holds up attaching).
+    tracer.wait_for("attached to pid", 90);
     fs::write(&go, "").unwrap();
     assert!(target.wait().unwrap().success());
     let (code, stderr) = tracer.finish();
