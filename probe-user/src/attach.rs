@@ -23,7 +23,8 @@ use memscope_symbols::{ElfObject, read_maps};
 use crate::{
     bpf::Bpf,
     placement,
-    probes::{self, Home, KNOWN_LIBRARIES, PROBES},
+    probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
+    torch_npu,
 };
 
 const DEFAULT_DIRS: [&str; 8] = [
@@ -126,7 +127,12 @@ pub struct Planner {
     specs_loaded: bool,
     /// Attach the `exit()` hold (stacks in launch mode; see `ProbeId::LibcExit`).
     pub hold_at_exit: bool,
+    /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
+    torch_npu_sites: HashMap<FileIdentity, Result<torch_npu::ReportSite, String>>,
 }
+
+/// What identifies a file's contents without reading it: device, inode, size, mtime.
+type FileIdentity = (u64, u64, u64, i64);
 
 impl Planner {
     pub fn new(explicit: Vec<PathBuf>) -> Self {
@@ -141,6 +147,7 @@ impl Planner {
             debug: Vec::new(),
             specs_loaded: false,
             hold_at_exit: false,
+            torch_npu_sites: HashMap::new(),
         }
     }
 
@@ -420,6 +427,7 @@ impl Planner {
             let belongs = match p.home {
                 Home::Library(lib) => explicit || probes::library_matches(&file_name, lib),
                 Home::AnyExporter => true,
+                Home::TorchNpu => false,
             };
             if !belongs || !obj.exports(p.symbol) {
                 continue;
@@ -480,6 +488,12 @@ impl Planner {
                 Err(e) => self.warnings.push(format!("{e:#}")),
             }
         }
+        if torch_npu::is_library(&file_name) {
+            let identity = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
+            if let Some(symbol) = self.attach_torch_npu(bpf, host, shown, identity) {
+                symbols.push(symbol);
+            }
+        }
         if is_known {
             for p in probes::expected_in(&file_name) {
                 if !obj.exports(p.symbol) {
@@ -503,6 +517,51 @@ impl Planner {
             });
         }
         Ok(())
+    }
+}
+
+impl Planner {
+    /// Probes torch_npu's allocator report in `host` when the code is recognised; otherwise
+    /// says why, once per file, and leaves the library alone (HAL is still traced).
+    fn attach_torch_npu(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        identity: FileIdentity,
+    ) -> Option<&'static str> {
+        if !self.torch_npu_sites.contains_key(&identity) {
+            let site = torch_npu::locate(host).map_err(|e| format!("{e:#}"));
+            match &site {
+                Ok(s) => self.debug.push(format!(
+                    "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",
+                    s.version.as_deref().unwrap_or("(version unknown)"),
+                    shown.display(),
+                    s.file_offset,
+                    s.layout,
+                    s.callers
+                )),
+                Err(why) => self.warnings.push(format!(
+                    "{}: torch_npu's caching allocator not recognised ({why}); its blocks \
+                     (PTA rows) will not be traced, HAL still is",
+                    shown.display()
+                )),
+            }
+            self.torch_npu_sites.insert(identity, site);
+        }
+        let site = self.torch_npu_sites.get(&identity)?.as_ref().ok()?.clone();
+        let id = match site.layout {
+            torch_npu::UsageLayout::Original => ProbeId::PtaUsageOriginal,
+            torch_npu::UsageLayout::WithComponent => ProbeId::PtaUsageWithComponent,
+        };
+        let def = PROBES.iter().find(|p| p.id == id)?;
+        match bpf.attach_uprobe(host, site.file_offset, id as u16, false) {
+            Ok(()) => Some(def.symbol),
+            Err(e) => {
+                self.warnings.push(format!("{e:#}"));
+                None
+            }
+        }
     }
 }
 

@@ -102,6 +102,8 @@ pub enum Call {
         pack: u64,
         event: AtbEvent,
     },
+    /// A block event of torch_npu's caching or workspace allocator (`torch_npu.rs`).
+    PtaUsage(crate::torch_npu::MemoryUsage),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -462,6 +464,18 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ts_ns,
         ),
+        ProbeId::PtaUsageOriginal | ProbeId::PtaUsageWithComponent => {
+            if raw.flags & event_flags::DATA_FAULT != 0 {
+                return None;
+            }
+            let layout = if id == ProbeId::PtaUsageOriginal {
+                crate::torch_npu::UsageLayout::Original
+            } else {
+                crate::torch_npu::UsageLayout::WithComponent
+            };
+            let usage = crate::torch_npu::MemoryUsage::decode(layout, raw.data())?;
+            (Call::PtaUsage(usage), raw.ts_ns)
+        }
         ProbeId::LibcExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,

@@ -50,6 +50,10 @@ pub enum ProbeId {
     AtbKernelDirAbi0 = 38,
     AtbKernelInAbi0 = 39,
     AtbKernelOutAbi0 = 40,
+    /// torch_npu's `reportMemoryDataToNpuProfiler(const MemoryUsage&)`, found by code analysis
+    /// (`torch_npu.rs`); one id per `MemoryUsage` layout, so decoding knows which one it is.
+    PtaUsageOriginal = 41,
+    PtaUsageWithComponent = 42,
 }
 
 impl ProbeId {
@@ -66,6 +70,9 @@ pub enum Home {
     Library(&'static str),
     /// In every mapped object that exports the symbol (mstx can be linked into anything).
     AnyExporter,
+    /// Not exported: found by analysing the code of `libtorch_npu.so` (`torch_npu::locate`);
+    /// `symbol` is only the name shown to users.
+    TorchNpu,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -299,7 +306,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 40] = [
+pub const PROBES: [ProbeDef; 42] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -573,6 +580,20 @@ pub const PROBES: [ProbeDef; 40] = [
         atb::SAVE_LAUNCH_PARAM_ABI0,
         tensor_walk(1, 48, atb::PARAM_OUT, false),
     ),
+    // void reportMemoryDataToNpuProfiler(const MemoryUsage &usage): the struct is copied at
+    // entry; it describes a block event that has already happened.
+    ProbeDef {
+        id: ProbeId::PtaUsageOriginal,
+        symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
+        home: Home::TorchNpu,
+        spec: spec(sf::DATA_IS_BYTES, 0, crate::torch_npu::USAGE_SIZE, 0),
+    },
+    ProbeDef {
+        id: ProbeId::PtaUsageWithComponent,
+        symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
+        home: Home::TorchNpu,
+        spec: spec(sf::DATA_IS_BYTES, 0, crate::torch_npu::USAGE_SIZE, 0),
+    },
 ];
 
 /// What an ATB probe captures.
@@ -633,6 +654,7 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
         .filter(|p| match p.home {
             Home::Library(lib) => library_matches(file_name, lib),
             Home::AnyExporter => library_matches(file_name, MSTX_LIBRARY),
+            Home::TorchNpu => false,
         })
         .collect()
 }

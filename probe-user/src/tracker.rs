@@ -624,6 +624,26 @@ impl ProcessState {
                 }
             }
             Call::Exiting { .. } => {}
+            Call::PtaUsage(u) => {
+                use crate::torch_npu::{Component, DataType};
+                let change = RegionChange {
+                    pool: match u.component {
+                        Component::CachingAllocator => PoolKind::PtaCaching,
+                        Component::WorkspaceAllocator => PoolKind::PtaWorkspace,
+                    },
+                    device: u.device_index.max(0) as u32,
+                    addr: u.ptr,
+                    size: u.size,
+                    allocated: u.total_allocated.max(0) as u64,
+                    reserved: u.total_reserved.max(0) as u64,
+                };
+                match u.data_type {
+                    DataType::Malloc => self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows),
+                    DataType::Free => self.pool_free(change, ev.tid, ts_ns, opts, &mut rows),
+                    // The same block's FREE follows, with the totals after the whole free.
+                    DataType::BlockFree => {}
+                }
+            }
             Call::KernelLaunch {
                 api,
                 kernel,

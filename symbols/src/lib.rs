@@ -10,6 +10,7 @@
 pub mod demangle;
 pub mod elf;
 pub mod format;
+pub mod locate;
 pub mod maps;
 pub mod object;
 pub mod process;

@@ -16,6 +16,7 @@ mod cmd;
 mod demo;
 mod fuzz;
 mod setup;
+mod torch_bed;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -28,8 +29,10 @@ cargo xtask <command>
 Commands:
   setup [--force-bpf-linker] [--bpf-linker-root DIR]
         Make this machine ready: nightly toolchain + rust-src, bpf-linker built
-        against nightly's LLVM, the C fixtures (make -C tests/fixtures), and
-        checks for kernel BTF and root. Idempotent; quick once done.
+        against nightly's LLVM, the C fixtures (make -C tests/fixtures), the real
+        torch/torch_npu test bed (two releases from PyPI in cached venvs, ~6 GB
+        each, downloaded once; MEMSCOPE_TORCH_BED=off skips it) with its simulated
+        CANN, and checks for kernel BTF and root. Idempotent; quick once done.
         --force-bpf-linker       reinstall bpf-linker even if a working one exists
         --bpf-linker-root DIR    install bpf-linker under DIR (cargo install --root)
   test [-- ARGS...]
@@ -170,6 +173,10 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
 
     let mut test = cargo(repo, &ready);
     test.arg("test").args(extra);
+    if torch_bed::enabled() {
+        let venvs = torch_bed::venvs()?;
+        test.env(torch_bed::VENVS_ENV, std::env::join_paths(venvs)?);
+    }
     println!("[test] + {}", cmd::describe(&test));
     let (status, totals) = cmd::cargo_test(&mut test)?;
     if !status.success() {

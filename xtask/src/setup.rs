@@ -53,6 +53,13 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
     })?;
     step("host tools", host_tools)?;
     step("C fixtures", || fixtures(repo))?;
+    if crate::torch_bed::enabled() {
+        step("torch test bed", || crate::torch_bed::prepare(repo))?;
+    } else {
+        println!(
+            "{TAG} torch test bed: skipped (MEMSCOPE_TORCH_BED=off); its tests will say SKIPPED"
+        );
+    }
     step("kernel BTF", btf)?;
     let is_root = crate::effective_uid() == Some(0);
     if is_root {

@@ -1,0 +1,402 @@
+//! torch_npu's caching allocator, seen from outside an unmodified process.
+//!
+//! In a real process torch_npu reports its blocks through the mstx memory API only when
+//! msMemScope's hook library is preloaded (`/work/shared/reference/real-torch-npu.md` §1), so
+//! the pool rows cannot come from mstx. What runs unconditionally is the profiler hook
+//! `torch_npu::profiler::reportMemoryDataToNpuProfiler(const MemoryUsage&)`, called at every
+//! block MALLOC, FREE and BLOCK_FREE of the caching allocator and at every segment change of
+//! the workspace allocator, before it checks whether a profiler listens. It is a hidden symbol
+//! in a library shipped without `.symtab`, so it is found by what its callers do:
+//!
+//! 1. the log strings `PTA CachingAllocator malloc: ` and `... free: ` are loaded by exactly one
+//!    instruction each, inside `DeviceCachingAllocator::malloc` and `::free`; their bounds come
+//!    from the unwind tables;
+//! 2. in both, the report is the direct call that follows a `mov byte [frame+B], 0x14`
+//!    (`device_type = PrivateUse1`, the first field of the `MemoryUsage` being built): the one
+//!    target common to both functions is the report function;
+//! 3. the layout of `MemoryUsage` changed in 2025 (a `component_type` byte came in at +2 and
+//!    moved `data_type` to +3). The free call site settles which one this build has: it stores
+//!    `data_type = FREE (1)` either at `B+2` (original) or at `B+3` after a 0 at `B+2`.
+//!
+//! Anything unexpected (no string, several candidates, a store pattern that fits neither
+//! layout) makes [`locate`] fail with the reason: the caller says so once and traces the rest
+//! (HAL) without framework rows, never reading fields it is not sure of.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Result, bail};
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+use memscope_symbols::locate::{Image, exactly_one};
+
+/// File names of the library that holds torch_npu's allocators.
+pub const LIBRARY: &str = "libtorch_npu.so";
+
+/// Bytes of `MemoryUsage` the probe copies (the same size in both layouts).
+pub const USAGE_SIZE: u32 = 56;
+
+const MALLOC_ANCHOR: &[u8] = b"PTA CachingAllocator malloc: ";
+const FREE_ANCHOR: &[u8] = b"PTA CachingAllocator free: ";
+/// `c10::DeviceType::PrivateUse1`, the first field of every `MemoryUsage` torch_npu builds.
+const PRIVATE_USE1: u64 = 20;
+/// How many instructions before a call its argument's stores are looked for.
+const CALL_WINDOW: usize = 32;
+
+/// Which `MemoryUsage` a build passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UsageLayout {
+    /// `{i8 device_type, i8 device_index, u8 data_type, u8 allocator_type, i64 ptr, ...}`
+    /// (torch_npu up to 2.5.1 and the releases cut before June 2025).
+    Original,
+    /// `{i8 device_type, i8 device_index, u8 component_type, u8 data_type, u8 allocator_type,
+    /// i64 ptr, ...}`: `component_type` 0 is the caching allocator, 1 the workspace allocator.
+    WithComponent,
+}
+
+impl fmt::Display for UsageLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UsageLayout::Original => "MemoryUsage without component_type",
+            UsageLayout::WithComponent => "MemoryUsage with component_type",
+        })
+    }
+}
+
+/// The report function of one libtorch_npu.so build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReportSite {
+    /// File offset of `reportMemoryDataToNpuProfiler` (the uprobe's place).
+    pub file_offset: u64,
+    pub layout: UsageLayout,
+    /// Direct calls of it in the library (8 in the 2.8 source: every allocator event).
+    pub callers: usize,
+    /// `torch_npu.__version__` from the wheel's `version.py` beside the library, if present.
+    pub version: Option<String>,
+}
+
+/// True for `libtorch_npu.so` (and versioned names of it).
+pub fn is_library(file_name: &str) -> bool {
+    file_name == LIBRARY || file_name.starts_with("libtorch_npu.so.")
+}
+
+/// Finds the report function and its argument's layout in the library at `path`.
+pub fn locate(path: &Path) -> Result<ReportSite> {
+    let image = Image::open(path)?;
+    let malloc = report_calls(&image, MALLOC_ANCHOR)?;
+    let free = report_calls(&image, FREE_ANCHOR)?;
+    let common: Vec<u64> = malloc
+        .iter()
+        .map(|c| c.target)
+        .filter(|t| free.iter().any(|c| c.target == *t))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let target = exactly_one("report function called from both malloc and free", &common)?;
+    let callers = image.direct_calls_to(target).len();
+    if callers < 3 {
+        bail!("the report function candidate at {target:#x} has only {callers} direct callers");
+    }
+    let mut layouts = Vec::new();
+    for call in free.into_iter().filter(|c| c.target == target) {
+        layouts.push(call.layout?);
+    }
+    let layout = exactly_one("MemoryUsage layout", &dedup(layouts))?;
+    let Some(file_offset) = image.file_offset(target) else {
+        bail!("the report function at {target:#x} is outside the file's sections");
+    };
+    Ok(ReportSite {
+        file_offset,
+        layout,
+        callers,
+        version: wheel_version(path),
+    })
+}
+
+fn dedup<T: PartialEq>(mut v: Vec<T>) -> Vec<T> {
+    v.dedup();
+    v
+}
+
+/// A direct call that follows the store of `device_type = PrivateUse1`.
+struct ReportCall {
+    target: u64,
+    /// What the stores before it say about the layout (only meaningful at a FREE report).
+    layout: Result<UsageLayout>,
+}
+
+/// The report calls in the function that loads the string containing `anchor`.
+fn report_calls(image: &Image, anchor: &[u8]) -> Result<Vec<ReportCall>> {
+    let strings = image.strings_containing(anchor);
+    let string = exactly_one(
+        &format!("string \"{}\"", String::from_utf8_lossy(anchor).trim()),
+        &strings,
+    )?;
+    let refs = image.rip_relative_refs(string);
+    let at = exactly_one("instruction loading the allocator's log string", &refs)?;
+    let Some((start, len)) = image.function_bounds(at) else {
+        bail!("no unwind entry covers {at:#x}");
+    };
+    let Some(code) = image.code(start, len) else {
+        bail!("function at {start:#x} is outside the file");
+    };
+    let insns: Vec<Instruction> = Decoder::with_ip(64, code, start, DecoderOptions::NONE)
+        .into_iter()
+        .collect();
+    let mut calls = Vec::new();
+    for (i, insn) in insns.iter().enumerate() {
+        if insn.mnemonic() != Mnemonic::Call || insn.op0_kind() != OpKind::NearBranch64 {
+            continue;
+        }
+        let window = &insns[i.saturating_sub(CALL_WINDOW)..i];
+        // Only the stores since the previous call build this call's argument.
+        let window = match window.iter().rposition(|w| w.mnemonic() == Mnemonic::Call) {
+            Some(p) => &window[p + 1..],
+            None => window,
+        };
+        if let Some(frame) = window.iter().find_map(device_type_store) {
+            calls.push(ReportCall {
+                target: insn.near_branch_target(),
+                layout: layout_at(window, frame),
+            });
+        }
+    }
+    if calls.is_empty() {
+        bail!("no call after a `device_type = PrivateUse1` store in the function at {start:#x}");
+    }
+    Ok(calls)
+}
+
+/// `mov byte [base + disp], 0x14`: (base register, displacement).
+fn device_type_store(insn: &Instruction) -> Option<(Register, i64)> {
+    (insn.mnemonic() == Mnemonic::Mov
+        && insn.op0_kind() == OpKind::Memory
+        && insn.op1_kind() == OpKind::Immediate8
+        && insn.immediate8() as u64 == PRIVATE_USE1
+        && insn.memory_index() == Register::None)
+        .then(|| (insn.memory_base(), insn.memory_displacement64() as i64))
+}
+
+/// Reads the bytes stored at `frame + 2` and `frame + 3` before a FREE report.
+fn layout_at(window: &[Instruction], (base, disp): (Register, i64)) -> Result<UsageLayout> {
+    let mut regs: HashMap<Register, u64> = HashMap::new();
+    let mut bytes: HashMap<i64, u8> = HashMap::new();
+    for insn in window {
+        let dest_reg = (insn.op0_kind() == OpKind::Register).then(|| insn.op0_register());
+        match insn.mnemonic() {
+            Mnemonic::Xor
+                if insn.op1_kind() == OpKind::Register && dest_reg == Some(insn.op1_register()) =>
+            {
+                regs.insert(insn.op0_register().full_register(), 0);
+            }
+            Mnemonic::Mov if dest_reg.is_some() => {
+                let full = insn.op0_register().full_register();
+                match insn.op1_kind() {
+                    OpKind::Immediate32 | OpKind::Immediate8 | OpKind::Immediate16 => {
+                        regs.insert(full, insn.immediate(1));
+                    }
+                    _ => {
+                        regs.remove(&full);
+                    }
+                }
+            }
+            Mnemonic::Mov
+                if insn.op0_kind() == OpKind::Memory
+                    && insn.memory_base() == base
+                    && insn.memory_index() == Register::None =>
+            {
+                let at = insn.memory_displacement64() as i64 - disp;
+                let width = insn.memory_size().size() as i64;
+                let value = match insn.op1_kind() {
+                    OpKind::Register => regs.get(&insn.op1_register().full_register()).copied(),
+                    OpKind::Immediate8 | OpKind::Immediate16 | OpKind::Immediate32 => {
+                        Some(insn.immediate(1))
+                    }
+                    _ => None,
+                };
+                for k in 0..width {
+                    match value {
+                        Some(v) => bytes.insert(at + k, (v >> (8 * k)) as u8),
+                        None => bytes.remove(&(at + k)),
+                    };
+                }
+            }
+            _ => {
+                if let Some(r) = dest_reg {
+                    regs.remove(&r.full_register());
+                }
+            }
+        }
+    }
+    match (bytes.get(&2), bytes.get(&3)) {
+        (Some(1), _) => Ok(UsageLayout::Original),
+        (Some(0), Some(1)) => Ok(UsageLayout::WithComponent),
+        (b2, b3) => bail!(
+            "the FREE report's stores fit no known MemoryUsage layout (byte 2: {b2:?}, byte 3: {b3:?})"
+        ),
+    }
+}
+
+/// `__version__` from `torch_npu/version.py` (the library sits in `torch_npu/lib/`).
+fn wheel_version(library: &Path) -> Option<String> {
+    let file: PathBuf = library.parent()?.parent()?.join("version.py");
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines().find_map(|l| {
+        let v = l
+            .strip_prefix("__version__")?
+            .trim_start()
+            .strip_prefix('=')?
+            .trim();
+        Some(v.trim_matches(|c| c == '\'' || c == '"').to_owned())
+    })
+}
+
+/// What one `MemoryUsage` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub device_index: i8,
+    pub component: Component,
+    pub data_type: DataType,
+    pub ptr: u64,
+    /// Block size (positive; the struct carries it negated on free).
+    pub size: u64,
+    pub total_allocated: i64,
+    pub total_reserved: i64,
+    pub stream: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    CachingAllocator,
+    WorkspaceAllocator,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataType {
+    Malloc,
+    Free,
+    /// A block returned to the pool (reported just before the FREE of the same block).
+    BlockFree,
+}
+
+impl MemoryUsage {
+    /// Decodes the struct copied at the report function's entry.
+    pub fn decode(layout: UsageLayout, b: &[u8]) -> Option<Self> {
+        if b.len() < USAGE_SIZE as usize || b[0] as i8 != PRIVATE_USE1 as i8 {
+            return None;
+        }
+        let word = |at: usize| i64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let (component, data_type) = match layout {
+            UsageLayout::WithComponent => (
+                match b[2] {
+                    0 => Component::CachingAllocator,
+                    1 => Component::WorkspaceAllocator,
+                    _ => return None,
+                },
+                b[3],
+            ),
+            // The workspace allocator of these releases passes no reserved total (0); the
+            // caching allocator's block always lies in a reserved segment.
+            UsageLayout::Original => (
+                if word(32) == 0 && word(40) == 0 {
+                    Component::WorkspaceAllocator
+                } else {
+                    Component::CachingAllocator
+                },
+                b[2],
+            ),
+        };
+        let data_type = match data_type {
+            0 => DataType::Malloc,
+            1 => DataType::Free,
+            2 => DataType::BlockFree,
+            _ => return None,
+        };
+        Some(MemoryUsage {
+            device_index: b[1] as i8,
+            component,
+            data_type,
+            ptr: word(8) as u64,
+            size: word(16).unsigned_abs(),
+            total_allocated: word(24),
+            total_reserved: word(32),
+            stream: word(48) as u64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(layout: UsageLayout, component: u8, data_type: u8, size: i64) -> Vec<u8> {
+        let mut b = vec![0u8; USAGE_SIZE as usize];
+        b[0] = 20;
+        b[1] = 3;
+        match layout {
+            UsageLayout::WithComponent => {
+                b[2] = component;
+                b[3] = data_type;
+            }
+            UsageLayout::Original => b[2] = data_type,
+        }
+        for (at, v) in [
+            (8, 0x12c0_0000_0200i64),
+            (16, size),
+            (24, 4096),
+            (32, 2 << 20),
+            (48, 77),
+        ] {
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn decodes_both_layouts() {
+        let new = MemoryUsage::decode(
+            UsageLayout::WithComponent,
+            &usage(UsageLayout::WithComponent, 0, 1, -512),
+        )
+        .unwrap();
+        assert_eq!(new.component, Component::CachingAllocator);
+        assert_eq!(new.data_type, DataType::Free);
+        assert_eq!(
+            (new.device_index, new.ptr, new.size),
+            (3, 0x12c0_0000_0200, 512)
+        );
+        assert_eq!(
+            (new.total_allocated, new.total_reserved, new.stream),
+            (4096, 2 << 20, 77)
+        );
+        let ws = MemoryUsage::decode(
+            UsageLayout::WithComponent,
+            &usage(UsageLayout::WithComponent, 1, 0, 4096),
+        )
+        .unwrap();
+        assert_eq!(ws.component, Component::WorkspaceAllocator);
+        let old = MemoryUsage::decode(
+            UsageLayout::Original,
+            &usage(UsageLayout::Original, 0, 2, -64),
+        )
+        .unwrap();
+        assert_eq!(
+            (old.component, old.data_type, old.size),
+            (Component::CachingAllocator, DataType::BlockFree, 64)
+        );
+        // Not a PrivateUse1 report, a short copy, or an unknown data type: nothing.
+        let mut bad = usage(UsageLayout::Original, 0, 0, 1);
+        bad[0] = 1;
+        assert!(MemoryUsage::decode(UsageLayout::Original, &bad).is_none());
+        assert!(MemoryUsage::decode(UsageLayout::Original, &bad[..40]).is_none());
+        assert!(
+            MemoryUsage::decode(
+                UsageLayout::Original,
+                &usage(UsageLayout::Original, 0, 7, 1)
+            )
+            .is_none()
+        );
+    }
+}

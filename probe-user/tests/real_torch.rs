@@ -1,0 +1,386 @@
+//! The released torch + torch_npu wheels from PyPI, unmodified, on the simulated CANN
+//! (`cargo xtask setup` installs them; tests/fixtures/cann): a real training loop
+//! (tests/fixtures/python/torch_npu_train.py) is traced in launch mode and with `--pid`, and
+//! every framework row is checked against what the script itself printed (`data_ptr()`,
+//! `memory_allocated()`, `memory_reserved()`), on two torch_npu releases whose `MemoryUsage`
+//! layouts differ.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+const STEPS: u32 = 5;
+
+/// The test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test`), or a loud skip.
+fn venvs(test: &str) -> Option<Vec<PathBuf>> {
+    if !require_root(test) {
+        return None;
+    }
+    match std::env::var_os("MEMSCOPE_TORCH_VENVS") {
+        Some(v) => {
+            let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
+            for venv in &venvs {
+                assert!(
+                    venv.join("bin/python").is_file(),
+                    "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
+                    venv.display()
+                );
+            }
+            Some(venvs)
+        }
+        None => {
+            eprintln!(
+                "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
+                 which installs the torch/torch_npu test bed)"
+            );
+            println!("SKIPPED {test}: no torch test bed");
+            None
+        }
+    }
+}
+
+/// The simulated CANN install, as `set_env.sh` would set it up.
+fn cann_env() -> Vec<(String, String)> {
+    let cann = repo_root().join("tests/fixtures/build/cann");
+    assert!(
+        cann.join("lib64/libascendcl.so").is_file(),
+        "no simulated CANN at {} (cargo xtask setup builds it)",
+        cann.display()
+    );
+    let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let lib = cann.join("lib64").display().to_string();
+    vec![
+        ("ASCEND_HOME_PATH".into(), cann.display().to_string()),
+        (
+            "ASCEND_OPP_PATH".into(),
+            cann.join("opp").display().to_string(),
+        ),
+        (
+            "LD_LIBRARY_PATH".into(),
+            if old.is_empty() {
+                lib
+            } else {
+                format!("{lib}:{old}")
+            },
+        ),
+    ]
+}
+
+fn script() -> PathBuf {
+    repo_root().join("tests/fixtures/python/torch_npu_train.py")
+}
+
+fn release(venv: &Path) -> String {
+    venv.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// What one traced run left: the script's log, the tracer's stderr and rows.
+struct Run {
+    log: String,
+    stderr: String,
+    rows: Vec<DumpRow>,
+}
+
+/// `memscope-bpf -- python torch_npu_train.py` with the CANN environment.
+fn launch(venv: &Path, dir: &Path) -> Run {
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let env_out = dir.join("env");
+    let mut tracer = Command::new(TRACER);
+    tracer
+        .args(["-o", out_dir.to_str().unwrap(), "--"])
+        .arg(venv.join("bin/python"))
+        .arg(script())
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+        ])
+        .args(["--env-out", env_out.to_str().unwrap()])
+        .envs(cann_env());
+    let out = tracer.output().expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "tracer failed:\n{stderr}");
+    let log = fs::read_to_string(&log).unwrap();
+    // The program started with exactly the environment it was given: nothing added
+    // (no LD_PRELOAD), nothing changed.
+    let mut expected: BTreeMap<String, String> = std::env::vars().collect();
+    expected.extend(cann_env());
+    let got: BTreeMap<String, String> = fs::read(&env_out)
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    assert_eq!(got, expected, "the traced program's environment differs");
+    let pid = ready_pid(&log);
+    Run {
+        rows: rows_of(&out_dir, pid),
+        log,
+        stderr,
+    }
+}
+
+/// The script started on its own, then `memscope-bpf --pid` attached after torch_npu's lazy
+/// init (the first segment is already reserved then).
+fn attach(venv: &Path, dir: &Path) -> Run {
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let mut target = Command::new(venv.join("bin/python"))
+        .arg(script())
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+        ])
+        .args(["--wait-file", go.to_str().unwrap()])
+        .envs(cann_env())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start python");
+    let text = wait_for_text(&log, "READY", 180);
+    let pid = ready_pid(&text);
+    assert_eq!(pid, target.id());
+    let mut tracer =
+        Background::spawn(&["-o", out_dir.to_str().unwrap(), "--pid", &pid.to_string()]);
+    tracer.wait_for("attached to pid", 120);
+    fs::write(&go, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while target.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the traced script did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    Run {
+        rows: rows_of(&out_dir, pid),
+        log: fs::read_to_string(&log).unwrap(),
+        stderr,
+    }
+}
+
+fn ready_pid(log: &str) -> u32 {
+    log_lines(log, "READY")[0]["pid"].parse().unwrap()
+}
+
+fn num(fields: &BTreeMap<&str, &str>, key: &str) -> u64 {
+    fields[key].parse().unwrap()
+}
+
+/// The mstx step a row belongs to: "step start" ranges seen before it.
+fn steps_of(rows: &[DumpRow]) -> Vec<u32> {
+    let mut step = 0;
+    rows.iter()
+        .map(|r| {
+            if r.event == "MSTX" && r.event_type == "Range_start" && r.name == "step start" {
+                step += 1;
+            }
+            step
+        })
+        .collect()
+}
+
+/// Checks a run row for row against the script's own log.
+fn check(run: &Run, what: &str) {
+    let rows = &run.rows;
+    let step_of = steps_of(rows);
+    let ctx = |msg: &str| {
+        format!(
+            "{what}: {msg}\n--- log:\n{}\n--- tracer:\n{}",
+            run.log, run.stderr
+        )
+    };
+    let pta: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].event_type == "PTA")
+        .collect();
+    assert!(!pta.is_empty(), "{}", ctx("no PTA rows"));
+
+    // Every tensor the script made is one PTA MALLOC row at its data_ptr(), in order, in the
+    // step it was made in; plain factory tensors are exactly the block the allocator grew by.
+    let mut next = 0;
+    for a in log_lines(&run.log, "ALLOC") {
+        let ptr = hex(a["ptr"]);
+        let Some(pos) = pta[next..]
+            .iter()
+            .position(|&i| rows[i].event == "MALLOC" && rows[i].addr() == ptr)
+        else {
+            panic!("{}", ctx(&format!("no PTA MALLOC row for {a:?}")));
+        };
+        let i = pta[next + pos];
+        next += pos + 1;
+        assert_eq!(
+            step_of[i],
+            num(&a, "step") as u32,
+            "{}",
+            ctx(&format!("step of {a:?}"))
+        );
+        assert_eq!(rows[i].device, "0");
+        if !a["name"].starts_with("sum") {
+            assert_eq!(
+                rows[i].size(),
+                num(&a, "bytes"),
+                "{}",
+                ctx(&format!("size of {a:?}"))
+            );
+            assert_eq!(
+                rows[i].attr["used"],
+                a["allocated"],
+                "{}",
+                ctx(&format!("used {a:?}"))
+            );
+            assert_eq!(
+                rows[i].attr["total"],
+                a["reserved"],
+                "{}",
+                ctx(&format!("total {a:?}"))
+            );
+        }
+    }
+    // Every tensor the script dropped is a PTA FREE row with the allocator's totals after it.
+    for f in log_lines(&run.log, "FREE") {
+        let ptr = hex(f["ptr"]);
+        assert!(
+            pta.iter().any(|&i| rows[i].event == "FREE"
+                && rows[i].addr() == ptr
+                && step_of[i] == num(&f, "step") as u32
+                && rows[i].attr["used"] == f["allocated"]
+                && rows[i].attr["total"] == f["reserved"]),
+            "{}",
+            ctx(&format!("no PTA FREE row for {f:?}"))
+        );
+    }
+    // At the end of each step the last PTA row carries memory_allocated()/memory_reserved(),
+    // and the live HAL segments add up to memory_reserved().
+    let ends: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].event == "MSTX" && rows[i].event_type == "Range_end")
+        .collect();
+    let steps = log_lines(&run.log, "STEP");
+    assert_eq!(steps.len(), STEPS as usize);
+    for (s, end) in steps.iter().zip(&ends) {
+        let last = pta.iter().rev().find(|&&i| i < *end).unwrap();
+        assert_eq!(
+            rows[*last].attr["used"],
+            s["allocated"],
+            "{}",
+            ctx(&format!("{s:?}"))
+        );
+        assert_eq!(
+            rows[*last].attr["total"],
+            s["reserved"],
+            "{}",
+            ctx(&format!("{s:?}"))
+        );
+        assert_eq!(
+            live_hal(&rows[..*end]),
+            num(s, "reserved"),
+            "{}",
+            ctx(&format!("HAL {s:?}"))
+        );
+    }
+    // empty_cache() gives back every segment but those of the kept tensors: what is live
+    // before the interpreter frees those at exit is memory_reserved() after it.
+    let empty = &log_lines(&run.log, "EMPTY_CACHE")[0];
+    let last_end = *ends.last().unwrap();
+    let exit_frees = pta
+        .iter()
+        .copied()
+        .find(|&i| i > last_end)
+        .unwrap_or(rows.len());
+    assert_eq!(
+        live_hal(&rows[..exit_frees]),
+        num(empty, "reserved"),
+        "{}",
+        ctx("HAL after empty_cache")
+    );
+
+    // The per-step leak report names every kept tensor with its step, and nothing else; a
+    // block from the last step is never checked (no later step ends), as in msMemScope.
+    let leaks: Vec<(u64, u32)> = log_lines(&run.log, "LEAK")
+        .iter()
+        .map(|l| (hex(l["ptr"]), num(l, "step") as u32))
+        .filter(|(_, step)| *step < STEPS)
+        .collect();
+    let reported: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("Direct Pytorch Caching memory pool leak"))
+        .collect();
+    assert_eq!(reported.len(), leaks.len(), "{}", ctx("leak count"));
+    for (ptr, step) in leaks {
+        assert!(
+            reported.iter().any(|l| l.contains(&format!("at {ptr:#x} "))
+                && l.ends_with(&format!("at step {step}."))),
+            "{}",
+            ctx(&format!("leak {ptr:#x} of step {step} not reported"))
+        );
+    }
+}
+
+/// Bytes of HAL memory live after `rows`.
+fn live_hal(rows: &[DumpRow]) -> u64 {
+    let mut live = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.event_type == "HAL") {
+        match r.event.as_str() {
+            "MALLOC" => {
+                live.insert(r.addr(), r.size());
+            }
+            "FREE" => {
+                live.remove(&r.addr());
+            }
+            _ => {}
+        }
+    }
+    live.values().sum()
+}
+
+#[test]
+fn real_torch_npu_launch_mode() {
+    let Some(venvs) = venvs("real_torch_npu_launch_mode") else {
+        return;
+    };
+    let _serial = serial();
+    for venv in venvs {
+        let dir = scratch(&format!("real-torch-launch-{}", release(&venv)));
+        let run = launch(&venv, &dir);
+        check(&run, &format!("launch, {}", release(&venv)));
+        // The whole run is seen from the first instruction: the lazy-init segment too.
+        assert_eq!(
+            run.rows
+                .iter()
+                .filter(|r| r.event == "SYSTEM" && r.event_type == "ACL_INIT")
+                .count(),
+            1
+        );
+    }
+}
+
+#[test]
+fn real_torch_npu_attach_mode() {
+    let Some(venvs) = venvs("real_torch_npu_attach_mode") else {
+        return;
+    };
+    let _serial = serial();
+    for venv in venvs {
+        let dir = scratch(&format!("real-torch-attach-{}", release(&venv)));
+        let run = attach(&venv, &dir);
+        check(&run, &format!("--pid, {}", release(&venv)));
+    }
+}
