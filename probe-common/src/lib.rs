@@ -13,6 +13,15 @@ pub const MAX_ARGS: usize = 6;
 /// Size of the `PROBE_SPECS` array; probe ids are `0..MAX_PROBES`.
 pub const MAX_PROBES: u32 = 64;
 
+/// The bits of an attach cookie that are the probe id. User space may use the bits above
+/// (e.g. a function index when one probe id serves many functions of a library): the BPF
+/// side masks the cookie wherever it needs the id and hands the upper bits (`cookie >> 16`,
+/// truncated to 32 bits) to user space in [`RawEvent::cpu`] of the call's event (not yet in
+/// packed batch records, whose descriptor keeps 8 bits of probe id).
+pub const COOKIE_PROBE_MASK: u64 = 0xffff;
+/// Shift that gives the part of the cookie above the probe id.
+pub const COOKIE_HI_SHIFT: u32 = 16;
+
 /// Kind of a [`RawEvent`].
 pub mod kind {
     /// A probed function call (entry-only probes, or entry + return).
@@ -245,7 +254,9 @@ pub struct RawEvent {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
-    /// Reserved; keeps the following u64s aligned.
+    /// For [`kind::CALL`] events sent as a whole event (not packed in a batch): the attach
+    /// cookie's bits above the probe id (`cookie >> COOKIE_HI_SHIFT`, 0 for the tracer's own
+    /// probes). Other events: the CPU (unused by user space).
     pub cpu: u32,
     /// CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns) of the entry, or of the event.
     pub ts_ns: u64,

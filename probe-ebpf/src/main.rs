@@ -31,10 +31,10 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use probe_common::{
-    BATCH_ARRAY_WORDS, BATCH_HEADER, BATCH_KIND, BATCH_WORDS, CLONE_THREAD, DATA_LEN, FNV_OFFSET,
-    FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES, NO_ARRAY2, ProbeSpec, RAW_HEADER, RawEvent,
-    SIGSTOP, STACK_COPY, STACK_COPY_SHED, STACK_HEADER, STACK_KIND, StackEvent, TracepointOffsets,
-    counter, event_flags, kind, packed, spec_flags,
+    BATCH_ARRAY_WORDS, BATCH_HEADER, BATCH_KIND, BATCH_WORDS, CLONE_THREAD, COOKIE_HI_SHIFT,
+    COOKIE_PROBE_MASK, DATA_LEN, FNV_OFFSET, FNV_PRIME, MAX_ARGS, MAX_CHUNKS, MAX_PROBES,
+    NO_ARRAY2, ProbeSpec, RAW_HEADER, RawEvent, SIGSTOP, STACK_COPY, STACK_COPY_SHED, STACK_HEADER,
+    STACK_KIND, StackEvent, TracepointOffsets, counter, event_flags, kind, packed, spec_flags,
 };
 
 /// Events to user space. User space may resize it before load (`--buffer-size`).
@@ -67,6 +67,7 @@ struct PendingSlot {
     /// whose return never came (longjmp), and a stale slot from a live ancestor.
     sp: u64,
     args: [u64; MAX_ARGS],
+    /// The attach cookie's low 32 bits: the probe id in the low 16 (`COOKIE_PROBE_MASK`).
     probe: u32,
     /// The thread group at entry.
     pid: u32,
@@ -361,7 +362,12 @@ fn emit(ev: &RawEvent) {
     // into it; a stopped process waits for us); calls and batch chunks are batched.
     let batched =
         (ev.kind == kind::CALL || ev.kind == kind::CHUNK) && ev.flags & event_flags::STOPPED == 0;
-    let flags = if batched { batched_wake_flags() } else { 0 };
+    // (Forced: with batched records still unread, the default would not wake it.)
+    let flags = if batched {
+        batched_wake_flags()
+    } else {
+        BPF_RB_FORCE_WAKEUP
+    };
     // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
     // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
     // and chunks stay under it), so the mask never cuts data.
@@ -390,7 +396,7 @@ fn emit_stopping(ev: &mut RawEvent, stop: bool) {
         ev.flags |= event_flags::STOPPED;
     }
     entry.write(*ev);
-    entry.submit(0);
+    entry.submit(BPF_RB_FORCE_WAKEUP);
 }
 
 /// Takes the per-CPU scratch event and fills the header.
@@ -432,14 +438,17 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
     if !cached && !is_traced(tgid) {
         return None;
     }
-    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let probe = (cookie & COOKIE_PROBE_MASK) as u32;
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
     if spec.flags & spec_flags::WANTS_RETURN != 0 && spec.flags & (DATA | spec_flags::NESTED) == 0 {
-        return push_call(ctx, st, generation, probe, &spec, tgid, tid);
+        // The slot keeps the cookie's low 32 bits: the id and what user space put above it.
+        return push_call(ctx, st, generation, cookie as u32, &spec, tgid, tid);
     }
     let ev = scratch(kind::CALL, tgid, tid)?;
     ev.probe = probe as u16;
+    ev.cpu = (cookie >> COOKIE_HI_SHIFT) as u32;
     ev.args[0] = ctx.arg::<u64>(0).unwrap_or(0);
     ev.args[1] = ctx.arg::<u64>(1).unwrap_or(0);
     ev.args[2] = ctx.arg::<u64>(2).unwrap_or(0);
@@ -497,7 +506,7 @@ fn push_call(
     ctx: &ProbeContext,
     st: Option<&mut PendingStack>,
     generation: u32,
-    probe: u32,
+    cookie: u32,
     spec: &ProbeSpec,
     tgid: u32,
     tid: u32,
@@ -547,7 +556,7 @@ fn push_call(
         ctx.arg::<u64>(4).unwrap_or(0),
         ctx.arg::<u64>(5).unwrap_or(0),
     ];
-    slot.probe = probe;
+    slot.probe = cookie;
     slot.pid = tgid;
     slot.tid = tid;
     st.depth = depth as u32 + 1;
@@ -816,7 +825,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     // No traced-set lookup here: only traced processes store entries, and the entry's
     // process is checked against ours (a thread id can be reused by another process).
     let (tgid, tid) = current_ids();
-    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let probe = (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } & COOKIE_PROBE_MASK) as u32;
     let key = ((tid as u64) << 32) | probe as u64;
     let spec = *PROBE_SPECS.get(probe)?;
     const DATA: u32 = spec_flags::DATA_IS_STRING | spec_flags::DATA_IS_BYTES;
@@ -893,7 +902,7 @@ fn pop_call(ctx: &RetProbeContext) -> Option<PendingSlot> {
 /// while batching is off) straight into the ring buffer after its stack sample.
 #[inline(always)]
 fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
-    let spec = *PROBE_SPECS.get(call.probe)?;
+    let spec = *PROBE_SPECS.get(call.probe & COOKIE_PROBE_MASK as u32)?;
     if offsets().capture_stacks == 0 && BATCHING.get(0).is_some_and(|b| *b != 0) {
         return batch_call(ctx, call, &spec);
     }
@@ -959,7 +968,7 @@ fn call_header(
         data_len: 0,
         pid: call.pid,
         tid: call.tid,
-        cpu: 0,
+        cpu: call.probe >> COOKIE_HI_SHIFT,
         _pad: 0,
         ts_ns,
         ret_ts_ns,
@@ -1125,7 +1134,7 @@ pub fn call_return_site(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn try_call_return_site(ctx: &ProbeContext) -> Option<()> {
     let (tgid, tid) = current_ids();
-    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let probe = (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } & COOKIE_PROBE_MASK) as u32;
     let spec = *PROBE_SPECS.get(probe)?;
     if spec.flags & spec_flags::NESTED == 0 {
         return None;
@@ -1263,10 +1272,58 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     if TRACED.insert(&(child as u32), &tgid, 0).is_err() {
         bump(counter::TRACED_FULL);
     }
+    if hold_new_child(child as u32, tgid, clone_flags) {
+        return None;
+    }
     let ev = scratch(kind::FORK, tgid, tid)?;
     ev.args[0] = child as u64;
     ev.args[1] = clone_flags;
     emit(ev);
+    Some(())
+}
+
+/// New processes of the traced tree to stop on their way to user space, child tgid ->
+/// (parent tgid, clone flags): probes are scoped per process, so a child forked without exec
+/// has none until user space attaches for it (launch mode; see `child_start`).
+#[map]
+static CHILD_STOPS: HashMap<u32, [u64; 2]> = HashMap::with_max_entries(1024, 0);
+
+/// 1 once user space has attached `child_start`, which then sends the FORK event.
+#[map]
+static HOLD_CHILDREN: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Leaves the FORK event of `child` to `child_start` (true) when children are held.
+#[inline(always)]
+fn hold_new_child(child: u32, parent: u32, clone_flags: u64) -> bool {
+    if !HOLD_CHILDREN.get(0).is_some_and(|h| *h != 0) {
+        return false;
+    }
+    CHILD_STOPS
+        .insert(&child, &[parent as u64, clone_flags], 0)
+        .is_ok()
+}
+
+/// Every system call's exit (`raw_syscalls:sys_exit`), which a new process passes through
+/// in its own context on its way from fork to its first instruction. A held child of the traced tree sends its FORK event and stops, so user space can
+/// attach its probes before it runs an instruction; user space continues it.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn child_start(_ctx: RawTracePointContext) -> i32 {
+    let _ = try_child_start();
+    0
+}
+
+#[inline(always)]
+fn try_child_start() -> Option<()> {
+    let (tgid, tid) = current_ids();
+    if tgid != tid {
+        return None;
+    }
+    let held = *unsafe { CHILD_STOPS.get(&tgid) }?;
+    let _ = CHILD_STOPS.remove(&tgid);
+    let ev = scratch(kind::FORK, held[0] as u32, tid)?;
+    ev.args[0] = tgid as u64;
+    ev.args[1] = held[1];
+    emit_stopping(ev, true);
     Some(())
 }
 

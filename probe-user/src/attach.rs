@@ -21,7 +21,7 @@ use anyhow::Result;
 use memscope_symbols::{ElfObject, read_maps};
 
 use crate::{
-    bpf::Bpf,
+    bpf::{Bpf, Scope},
     placement,
     probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
     torch_npu,
@@ -114,11 +114,22 @@ fn split_paths(v: &[u8]) -> Vec<PathBuf> {
         .collect()
 }
 
+/// What identifies a file's contents without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
 pub struct Planner {
     explicit: Vec<PathBuf>,
     seen_inodes: HashSet<(u64, u64)>,
     seen_paths: HashSet<PathBuf>,
-    elf_cache: HashMap<PathBuf, Option<Arc<ElfObject>>>,
+    elf_cache: HashMap<FileId, Result<Arc<ElfObject>, String>>,
+    /// Warnings already given (`warn_once`).
+    warned: HashSet<String>,
     ld_cache: Option<HashMap<String, PathBuf>>,
     pub attached: Vec<AttachedObject>,
     /// Things the user should know (missing symbols, unreadable libraries), printed by the caller.
@@ -127,6 +138,8 @@ pub struct Planner {
     specs_loaded: bool,
     /// Attach the `exit()` hold (stacks in launch mode; see `ProbeId::LibcExit`).
     pub hold_at_exit: bool,
+    /// Which processes the probes fire in.
+    pub scope: Scope,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
     torch_npu_sites: HashMap<FileIdentity, Result<torch_npu::ReportSite, String>>,
 }
@@ -141,12 +154,14 @@ impl Planner {
             seen_inodes: HashSet::new(),
             seen_paths: HashSet::new(),
             elf_cache: HashMap::new(),
+            warned: HashSet::new(),
             ld_cache: None,
             attached: Vec::new(),
             warnings: Vec::new(),
             debug: Vec::new(),
             specs_loaded: false,
             hold_at_exit: false,
+            scope: Scope::AllProcesses,
             torch_npu_sites: HashMap::new(),
         }
     }
@@ -369,12 +384,37 @@ impl Planner {
     }
 
     fn parse(&mut self, host: &Path) -> Option<Arc<ElfObject>> {
-        if let Some(c) = self.elf_cache.get(host) {
+        self.parse_or_error(host).ok()
+    }
+
+    /// The parsed object at `host`, parsed once per file identity (device, inode, size,
+    /// modification time): the same library under many paths or in many processes costs one
+    /// parse, and a file replaced in place is parsed again.
+    fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
+        let meta =
+            fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
+        let id = FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+        };
+        if let Some(c) = self.elf_cache.get(&id) {
             return c.clone();
         }
-        let parsed = ElfObject::open(host).ok().map(Arc::new);
-        self.elf_cache.insert(host.to_path_buf(), parsed.clone());
+        let parsed = ElfObject::open(host)
+            .map(Arc::new)
+            .map_err(|e| format!("{e:#}"));
+        self.elf_cache.insert(id, parsed.clone());
         parsed
+    }
+
+    /// Queues a warning for the user, once per text (a library seen under many paths or
+    /// in many processes warns once).
+    fn warn_once(&mut self, text: String) {
+        if self.warned.insert(text.clone()) {
+            self.warnings.push(text);
+        }
     }
 
     /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`).
@@ -402,12 +442,11 @@ impl Planner {
         if !meta.is_file() || !self.seen_inodes.insert((meta.dev(), meta.ino())) {
             return Ok(());
         }
-        let obj = match ElfObject::open(host) {
+        let obj = match self.parse_or_error(host) {
             Ok(o) => o,
             Err(e) => {
                 if explicit {
-                    self.warnings
-                        .push(format!("cannot use library {}: {e:#}", shown.display()));
+                    self.warn_once(format!("cannot use library {}: {e}", shown.display()));
                 }
                 return Ok(());
             }
@@ -420,6 +459,10 @@ impl Planner {
             .iter()
             .any(|lib| probes::library_matches(&file_name, lib));
         let mut symbols = Vec::new();
+        // Probes of this object, batched so that each program gets one link per object.
+        let mut entry_only: Vec<(u64, u64, &'static str)> = Vec::new();
+        let mut entry_and_return: Vec<(u64, u64, &'static str)> = Vec::new();
+        let scope = self.scope;
         for p in &PROBES {
             if p.id == probes::ProbeId::LibcExit && !self.hold_at_exit {
                 continue;
@@ -440,51 +483,57 @@ impl Planner {
             // still finds the return address at [rsp].
             let place = placement::choose(host, sym.file_offset, sym.size);
             let offset = sym.file_offset + place.offset;
-            let attached =
-                if p.wants_return() && p.spec.flags & probe_common::spec_flags::NESTED != 0 {
-                    // C++ entry points: return probes on the return instructions when they can
-                    // all be found, so an exception can unwind through the function.
-                    let mut parts = vec![(sym.file_offset, sym.size)];
-                    if let Some(cold) = obj.function(&format!("{}.cold", p.symbol)) {
-                        parts.push((cold.file_offset, cold.size));
-                    }
-                    match placement::return_sites(host, &parts) {
-                        Ok(sites) => {
-                            self.debug.push(format!(
-                                "return of {} seen at {} return instruction(s)",
-                                p.symbol,
-                                sites.len()
-                            ));
-                            bpf.attach_uprobe_return_sites(host, offset, &sites, p.id as u16)
-                        }
-                        Err(why) => {
-                            self.debug.push(format!(
-                                "return of {} needs a uretprobe ({why}): a C++ exception thrown \
-                             through it would end the program",
-                                p.symbol
-                            ));
-                            bpf.attach_uprobe(host, offset, p.id as u16, true)
-                        }
-                    }
+            self.debug.push(format!(
+                "probe {} at {}+{:#x}{} ({})",
+                p.symbol,
+                shown.display(),
+                offset,
+                if p.wants_return() {
+                    " (entry and return)"
                 } else {
-                    bpf.attach_uprobe(host, offset, p.id as u16, p.wants_return())
-                };
-            match attached {
-                Ok(()) => {
-                    symbols.push(p.symbol);
-                    self.debug.push(format!(
-                        "probe {} at {}+{:#x}{} ({})",
-                        p.symbol,
-                        shown.display(),
-                        offset,
-                        if p.wants_return() {
-                            " (entry and return)"
-                        } else {
-                            ""
-                        },
-                        place.describe()
-                    ));
+                    ""
+                },
+                place.describe()
+            ));
+            if p.wants_return() && p.spec.flags & probe_common::spec_flags::NESTED != 0 {
+                // C++ entry points: return probes on the return instructions when they can
+                // all be found, so an exception can unwind through the function.
+                let mut parts = vec![(sym.file_offset, sym.size)];
+                if let Some(cold) = obj.function(&format!("{}.cold", p.symbol)) {
+                    parts.push((cold.file_offset, cold.size));
                 }
+                let attached = match placement::return_sites(host, &parts) {
+                    Ok(sites) => {
+                        self.debug.push(format!(
+                            "return of {} seen at {} return instruction(s)",
+                            p.symbol,
+                            sites.len()
+                        ));
+                        bpf.attach_uprobe_return_sites(host, offset, &sites, p.id as u16, scope)
+                    }
+                    Err(why) => {
+                        self.debug.push(format!(
+                            "return of {} needs a uretprobe ({why}): a C++ exception thrown \
+                             through it would end the program",
+                            p.symbol
+                        ));
+                        bpf.attach_uprobe(host, offset, p.id as u16, true, scope)
+                    }
+                };
+                match attached {
+                    Ok(()) => symbols.push(p.symbol),
+                    Err(e) => self.warnings.push(format!("{e:#}")),
+                }
+            } else if p.wants_return() {
+                entry_and_return.push((offset, p.id as u64, p.symbol));
+            } else {
+                entry_only.push((offset, p.id as u64, p.symbol));
+            }
+        }
+        for (batch, with_return) in [(entry_only, false), (entry_and_return, true)] {
+            let points: Vec<(u64, u64)> = batch.iter().map(|(o, c, _)| (*o, *c)).collect();
+            match bpf.attach_many(host, &points, with_return, scope) {
+                Ok(()) => symbols.extend(batch.iter().map(|(_, _, name)| *name)),
                 Err(e) => self.warnings.push(format!("{e:#}")),
             }
         }
@@ -497,7 +546,7 @@ impl Planner {
         if is_known {
             for p in probes::expected_in(&file_name) {
                 if !obj.exports(p.symbol) {
-                    self.warnings.push(format!(
+                    self.warn_once(format!(
                         "symbol {} not found in {}: its calls will not be traced",
                         p.symbol,
                         shown.display()
@@ -541,7 +590,7 @@ impl Planner {
                     s.layout,
                     s.callers
                 )),
-                Err(why) => self.warnings.push(format!(
+                Err(why) => self.warn_once(format!(
                     "{}: torch_npu's caching allocator not recognised ({why}); its blocks \
                      (PTA rows) will not be traced, HAL still is",
                     shown.display()
@@ -555,7 +604,7 @@ impl Planner {
             torch_npu::UsageLayout::WithComponent => ProbeId::PtaUsageWithComponent,
         };
         let def = PROBES.iter().find(|p| p.id == id)?;
-        match bpf.attach_uprobe(host, site.file_offset, id as u16, false) {
+        match bpf.attach_uprobe(host, site.file_offset, id as u16, false, self.scope) {
             Ok(()) => Some(def.symbol),
             Err(e) => {
                 self.warnings.push(format!("{e:#}"));

@@ -14,6 +14,8 @@ use aya::{
 };
 use probe_common::{ProbeSpec, TracepointOffsets, counter};
 
+use crate::multi_uprobe::{self, MultiPrograms};
+
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
 /// Loss and health counters summed over CPUs.
@@ -56,6 +58,36 @@ const NOOP_PROGRAMS: UprobePrograms = (
     "noop_return_site",
     "noop_return",
 );
+/// The uprobe programs that run at a function's return (uretprobes).
+const RETURN_PROGRAMS: [&str; 3] = ["call_return", "hal_return", "noop_return"];
+
+/// The part of an attach cookie that is the probe id.
+pub const PROBE_ID_MASK: u64 = 0xffff;
+
+/// Which processes a probe fires in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every process mapping the file, now or later (system-wide tracing).
+    AllProcesses,
+    /// One process (all its threads); others mapping the file never trap.
+    Process(u32),
+    /// Every process of the traced set, now and later: one set of links per process, made
+    /// again for each process that joins (`Bpf::trace_process`, `Bpf::scope_process`) and
+    /// dropped when it leaves (`Bpf::forget_process`). Untraced processes never trap.
+    Traced,
+}
+
+/// A probe point: (file offset, attach cookie).
+type Point = (u64, u64);
+
+/// A `Scope::Traced` request, kept to be made again for processes that join later.
+#[derive(Clone)]
+struct ScopedRequest {
+    prog: &'static str,
+    path: std::path::PathBuf,
+    points: Vec<(u64, u64)>,
+}
+
 const PROGRAMS: UprobePrograms = (
     "call_entry",
     "call_return",
@@ -84,6 +116,14 @@ pub struct Bpf {
     cpus: Vec<u32>,
     /// Calls are batched per CPU (`flush_calls` ran on every CPU at load).
     batching: bool,
+    /// The uprobe programs loaded for multi-uprobe links; None: per-probe perf links.
+    multi: Option<MultiPrograms>,
+    /// Multi-uprobe links (perf links stay owned by aya's programs).
+    links: Vec<std::os::fd::OwnedFd>,
+    /// What `Scope::Traced` attached, for processes that join later.
+    scoped_requests: Vec<ScopedRequest>,
+    /// Multi-uprobe links of each process in scope (`Scope::Traced`).
+    process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
 }
 
 /// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
@@ -94,7 +134,10 @@ impl Bpf {
     /// Loads the programs; `ring_bytes` must be a power of two multiple of the page size.
     pub fn load(offsets: &TracepointOffsets, ring_bytes: u32) -> Result<(Self, RingBuf<MapData>)> {
         bump_memlock_rlimit();
+        // Parsed once for aya's loader and for the multi-uprobe copies of the programs.
+        let kernel_btf = aya::Btf::from_sys_fs().ok();
         let mut ebpf = EbpfLoader::new()
+            .btf(kernel_btf.as_ref())
             .override_global("TP_OFFSETS", offsets, true)
             .map_max_entries("EVENTS", ring_bytes)
             // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
@@ -117,19 +160,8 @@ impl Bpf {
             tp.attach(category, name)
                 .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
         }
-        for prog in [
-            "call_entry",
-            "call_return",
-            "call_return_site",
-            "hal_return",
-            "noop_entry",
-            "noop_return",
-            "noop_return_site",
-        ] {
-            let up: &mut UProbe = program(&mut ebpf, prog)?.try_into()?;
-            up.load()
-                .with_context(|| format!("verifier rejected {prog}"))?;
-        }
+        // aya's copies of the uprobe programs are loaded when first needed (perf links).
+        let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
         let cpus = aya::util::online_cpus()
@@ -159,6 +191,10 @@ impl Bpf {
             generation: 0,
             cpus,
             batching: false,
+            multi,
+            links: Vec::new(),
+            scoped_requests: Vec::new(),
+            process_links: Default::default(),
         };
         bpf.batching = bpf.run_flush();
         if bpf.batching {
@@ -186,27 +222,55 @@ impl Bpf {
     }
 
     /// Attaches the generic entry program (and the return program when `with_return`) at
-    /// `file_offset` of the object at `path`, for all processes: the BPF side filters on the
-    /// traced set, and an inode-wide probe also covers processes that map the file later.
+    /// `file_offset` of the object at `path`; see [`Bpf::attach_many`].
     pub fn attach_uprobe(
         &mut self,
         path: &Path,
         file_offset: u64,
         probe: u16,
         with_return: bool,
+        scope: Scope,
     ) -> Result<()> {
-        let (entry, ret, _, hal_ret) = self.programs_for(path);
-        use probe_common::spec_flags as sf;
-        let data_less = self.spec_copies.get(&probe).is_some_and(|s| {
-            s.flags & sf::WANTS_RETURN != 0
-                && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED) == 0
-        });
-        let ret = if data_less { hal_ret } else { ret };
-        if with_return {
-            // Attach the return probe first so no entry is stored without a return to pair it.
-            self.attach_program(ret, path, file_offset, probe)?;
+        self.attach_many(path, &[(file_offset, probe as u64)], with_return, scope)
+    }
+
+    /// Attaches the generic entry program (and the return program when `with_return`) at each
+    /// `(file offset, cookie)` of `points` in the object at `path`: one multi-uprobe link per
+    /// program where the kernel has them (see `multi_uprobe`), else one perf link per point.
+    ///
+    /// The cookie's low 16 bits are the probe id (`PROBE_SPECS` index); the BPF side masks
+    /// them off and passes the upper bits through (`RawEvent::cookie_hi`). With
+    /// `Scope::AllProcesses` the probes are inode-wide, so they also cover processes that map
+    /// the file later; the BPF side filters on the traced set either way.
+    pub fn attach_many(
+        &mut self,
+        path: &Path,
+        points: &[(u64, u64)],
+        with_return: bool,
+        scope: Scope,
+    ) -> Result<()> {
+        if points.is_empty() {
+            return Ok(());
         }
-        self.attach_program(entry, path, file_offset, probe)
+        let (entry, ret, _, hal_ret) = self.programs_for(path);
+        if with_return {
+            use probe_common::spec_flags as sf;
+            // Returns of calls without data get the lean return program.
+            let (lean, full): (Vec<Point>, Vec<Point>) =
+                points.iter().partition(|(_, cookie)| {
+                    self.spec_copies
+                        .get(&((cookie & PROBE_ID_MASK) as u16))
+                        .is_some_and(|s| {
+                            s.flags & sf::WANTS_RETURN != 0
+                                && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED)
+                                    == 0
+                        })
+                });
+            // Return probes first so no entry is stored without a return to pair it.
+            self.attach_points(hal_ret, path, &lean, scope)?;
+            self.attach_points(ret, path, &full, scope)?;
+        }
+        self.attach_points(entry, path, points, scope)
     }
 
     /// An entry probe at `file_offset` whose return is seen by plain uprobes on the function's
@@ -218,12 +282,17 @@ impl Bpf {
         file_offset: u64,
         return_sites: &[u64],
         probe: u16,
+        scope: Scope,
     ) -> Result<()> {
         let (entry, _, site, _) = self.programs_for(path);
-        for at in return_sites {
-            self.attach_program(site, path, *at, probe)?;
-        }
-        self.attach_program(entry, path, file_offset, probe)
+        let sites: Vec<(u64, u64)> = return_sites.iter().map(|at| (*at, probe as u64)).collect();
+        self.attach_points(site, path, &sites, scope)?;
+        self.attach_points(entry, path, &[(file_offset, probe as u64)], scope)
+    }
+
+    /// Whether probes go through multi-uprobe links (false: one perf link per probe).
+    pub fn uses_multi_links(&self) -> bool {
+        self.multi.is_some()
     }
 
     fn programs_for(&self, path: &Path) -> UprobePrograms {
@@ -233,34 +302,179 @@ impl Bpf {
         }
     }
 
-    fn attach_program(
+    /// Puts `prog` at every point of `points`: one multi-uprobe link, or per-point perf links
+    /// when the kernel has no multi-uprobe links or refuses this one.
+    fn attach_points(
         &mut self,
         prog: &'static str,
         path: &Path,
-        file_offset: u64,
-        probe: u16,
+        points: &[(u64, u64)],
+        scope: Scope,
     ) -> Result<()> {
-        let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;
-        let point = UProbeAttachPoint {
-            location: file_offset.into(),
-            cookie: Some(probe as u64),
+        if points.is_empty() {
+            return Ok(());
+        }
+        // `/proc/PID/root/...` stops resolving when PID exits; a path as we see it does not.
+        let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let path = canonical.as_path();
+        if scope == Scope::Traced {
+            let pids: Vec<u32> = self.process_links.keys().copied().collect();
+            for pid in pids {
+                self.attach_for_process(prog, path, points, pid)?;
+            }
+            self.scoped_requests.push(ScopedRequest {
+                prog,
+                path: path.to_path_buf(),
+                points: points.to_vec(),
+            });
+            return Ok(());
+        }
+        let is_return = RETURN_PROGRAMS.contains(&prog);
+        if let Some(multi) = &self.multi {
+            let pid = match scope {
+                Scope::AllProcesses | Scope::Traced => 0,
+                Scope::Process(pid) => pid,
+            };
+            match multi.attach(prog, is_return, path, points, pid) {
+                Ok(link) => {
+                    self.links.push(link);
+                    return Ok(());
+                }
+                Err(e) if self.links.is_empty() => {
+                    // The first link failed: the kernel may lack them altogether.
+                    crate::log::debug(&format!(
+                        "multi-uprobe link refused ({e}): one perf link per probe from now on"
+                    ));
+                    self.multi = None;
+                }
+                Err(e) => crate::log::debug(&format!(
+                    "multi-uprobe link for {prog} on {} refused ({e}): one perf link per probe",
+                    path.display()
+                )),
+            }
+        }
+        let aya_scope = match scope {
+            Scope::AllProcesses | Scope::Traced => UProbeScope::AllProcesses,
+            Scope::Process(pid) => match std::num::NonZeroU32::new(pid) {
+                Some(pid) => UProbeScope::OneProcess(pid),
+                None => UProbeScope::AllProcesses,
+            },
         };
-        // Links stay owned by the program; see `detach_in_background` for teardown.
-        up.attach(point, path, UProbeScope::AllProcesses)
-            .with_context(|| {
+        let up: &mut UProbe = program(&mut self.ebpf, prog)?.try_into()?;
+        if up.fd().is_err() {
+            up.load()
+                .with_context(|| format!("verifier rejected {prog}"))?;
+        }
+        for &(file_offset, cookie) in points {
+            let point = UProbeAttachPoint {
+                location: file_offset.into(),
+                cookie: Some(cookie),
+            };
+            // Links stay owned by the program; see `detach_in_background` for teardown.
+            up.attach(point, path, aya_scope).with_context(|| {
                 format!(
                     "cannot attach {prog} at {}+{file_offset:#x}",
                     path.display()
                 )
             })?;
+        }
         Ok(())
     }
 
-    /// Adds a process (and, through the fork tracepoint, its future children) to the traced set.
+    /// `prog` at `points` of `path` for process `pid` only, its link kept with the process's.
+    fn attach_for_process(
+        &mut self,
+        prog: &'static str,
+        path: &Path,
+        points: &[(u64, u64)],
+        pid: u32,
+    ) -> Result<()> {
+        if let Some(multi) = &self.multi {
+            let is_return = RETURN_PROGRAMS.contains(&prog);
+            match multi.attach(prog, is_return, path, points, pid) {
+                Ok(link) => {
+                    self.process_links.entry(pid).or_default().push(link);
+                    return Ok(());
+                }
+                // Gone already (or its /proc paths with it): nothing to probe.
+                Err(_) if !crate::session::process_alive(pid) => return Ok(()),
+                Err(e)
+                    if self.links.is_empty() && self.process_links.values().all(Vec::is_empty) =>
+                {
+                    crate::log::debug(&format!(
+                        "multi-uprobe link refused ({e}): one perf link per probe from now on"
+                    ));
+                    self.multi = None;
+                }
+                Err(e) => crate::log::debug(&format!(
+                    "multi-uprobe link for {prog} on {} refused ({e}): one perf link per probe",
+                    path.display()
+                )),
+            }
+        }
+        // Perf links with a pid stay with aya's program until the end.
+        match self.attach_points(prog, path, points, Scope::Process(pid)) {
+            Err(_) if !crate::session::process_alive(pid) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Puts every `Scope::Traced` probe made so far on process `pid` too (a new process of the
+    /// traced tree). Idempotent.
+    pub fn scope_process(&mut self, pid: u32) -> Result<()> {
+        if self.process_links.contains_key(&pid) {
+            return Ok(());
+        }
+        self.process_links.insert(pid, Vec::new());
+        let requests = self.scoped_requests.clone();
+        for r in requests {
+            self.attach_for_process(r.prog, &r.path, &r.points, pid)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `pid` has its own probes (`Scope::Traced`).
+    pub fn is_scoped(&self, pid: u32) -> bool {
+        self.process_links.contains_key(&pid)
+    }
+
+    /// Adds a process (and, through the fork tracepoint, its future children) to the traced
+    /// set and puts the `Scope::Traced` probes on it.
     pub fn trace_process(&mut self, pid: u32) -> Result<()> {
         self.traced
             .insert(pid, 0, 0)
-            .with_context(|| format!("cannot add pid {pid} to the traced set"))
+            .with_context(|| format!("cannot add pid {pid} to the traced set"))?;
+        self.scope_process(pid)
+    }
+
+    /// Launch mode with per-process probes: a new process of the traced tree stops before its
+    /// first instruction (`child_start` in probe-ebpf) and its FORK event says so, so its
+    /// probes are in place before it runs. False (said at debug level) when the kernel hook is
+    /// missing: such children get their probes a little after they start.
+    pub fn hold_children(&mut self) -> bool {
+        let held = (|| -> Result<()> {
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, "child_start")?.try_into()?;
+            prog.load().context("verifier rejected child_start")?;
+            prog.attach("sys_exit")
+                .context("cannot attach child_start to raw_syscalls:sys_exit")?;
+            let mut on: Array<&mut MapData, u32> = Array::try_from(
+                self.ebpf
+                    .map_mut("HOLD_CHILDREN")
+                    .ok_or_else(|| anyhow!("BPF map HOLD_CHILDREN missing"))?,
+            )?;
+            on.set(0, 1, 0).context("cannot turn on holding children")?;
+            Ok(())
+        })();
+        match held {
+            Ok(()) => true,
+            Err(e) => {
+                crate::log::debug(&format!(
+                    "new processes are not held for their probes ({e:#}): a child forked \
+                     without exec may run a little untraced"
+                ));
+                false
+            }
+        }
     }
 
     /// The processes currently traced (the BPF side drops a process when its last thread exits).
@@ -274,7 +488,20 @@ impl Bpf {
         let _ = self.known_paths.insert(probe_common::path_hash(path), 1, 0);
     }
 
+    /// Drops the probes of process `pid` (`Scope::Traced`): it exited, or we detach from it.
+    pub fn drop_process_probes(&mut self, pid: u32) {
+        if let Some(links) = self.process_links.remove(&pid)
+            && !links.is_empty()
+        {
+            // Closing a link waits for a grace period; nobody needs to wait for it here.
+            let _ = std::thread::Builder::new()
+                .name("unlink".into())
+                .spawn(move || drop(links));
+        }
+    }
+
     pub fn forget_process(&mut self, pid: u32) {
+        self.drop_process_probes(pid);
         let _ = self.traced.remove(&pid);
         // Threads of `pid` that cached "traced" must look it up again.
         self.generation = self.generation.wrapping_add(1);
@@ -389,6 +616,75 @@ impl Bpf {
         }
         // The parent's descriptors close at exit, cheaply: the child still holds them.
         std::mem::forget(self);
+    }
+}
+
+const UPROBE_PROGRAMS: [&str; 7] = [
+    "call_entry",
+    "call_return",
+    "call_return_site",
+    "hal_return",
+    "noop_entry",
+    "noop_return",
+    "noop_return_site",
+];
+
+/// Environment variable choosing where probes fire: `system` puts them in every process
+/// mapping a probed library (the BPF side still filters on the traced set; what a fleet-wide
+/// agent needs); unset or `traced`, only in the traced processes.
+pub const SCOPE_ENV: &str = "MEMSCOPE_BPF_SCOPE";
+
+/// The probe scope chosen by `MEMSCOPE_BPF_SCOPE` (default: the traced processes).
+pub fn probe_scope() -> Scope {
+    match std::env::var(SCOPE_ENV).as_deref() {
+        Ok("system") => {
+            crate::log::debug(&format!(
+                "{SCOPE_ENV}=system: probes fire in every process mapping a probed library"
+            ));
+            Scope::AllProcesses
+        }
+        Ok("traced") | Err(_) => Scope::Traced,
+        Ok(other) => {
+            crate::log::warn(&format!(
+                "{SCOPE_ENV}={other} is neither `system` nor `traced`; probing the traced processes only"
+            ));
+            Scope::Traced
+        }
+    }
+}
+
+/// Environment variable that keeps the tracer on per-probe perf links even where the kernel
+/// has multi-uprobe links (benchmarks and tests compare the two).
+pub const NO_MULTI_ENV: &str = "MEMSCOPE_BPF_NO_MULTI_UPROBE";
+
+/// The uprobe programs loaded a second time for multi-uprobe links, sharing aya's maps;
+/// None (said at debug level) where the kernel cannot load them that way.
+fn load_multi_programs(ebpf: &Ebpf, kernel_btf: Option<&aya::Btf>) -> Option<MultiPrograms> {
+    if std::env::var_os(NO_MULTI_ENV).is_some() {
+        crate::log::debug(&format!("{NO_MULTI_ENV}: one perf link per probe"));
+        return None;
+    }
+    let started = std::time::Instant::now();
+    let Some(kernel_btf) = kernel_btf else {
+        crate::log::debug("no kernel BTF: one perf link per probe");
+        return None;
+    };
+    let loaded = multi_uprobe::map_fds(ebpf)
+        .and_then(|maps| MultiPrograms::load(BPF_OBJECT, &maps, &UPROBE_PROGRAMS, kernel_btf));
+    match loaded {
+        Ok(m) => {
+            crate::log::debug(&format!(
+                "uprobe programs loaded for multi-uprobe links in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            ));
+            Some(m)
+        }
+        Err(e) => {
+            crate::log::debug(&format!(
+                "no multi-uprobe links ({e:#}): one perf link per probe"
+            ));
+            None
+        }
     }
 }
 

@@ -221,9 +221,11 @@ pub struct CallEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decoded {
     Call(CallEvent),
+    /// `stopped`: the child was stopped before its first instruction (`Bpf::hold_children`).
     Fork {
         parent: u32,
         child: u32,
+        stopped: bool,
         ts_mono: u64,
     },
     /// `stopped`: the BPF side stopped the process; it must be continued once handled.
@@ -350,6 +352,7 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
         kind::FORK => Some(Decoded::Fork {
             parent: raw.pid,
             child: raw.args[0] as u32,
+            stopped,
             ts_mono: raw.ts_ns,
         }),
         kind::EXEC => Some(Decoded::Exec {

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod labels;
 pub mod launch;
 pub mod log;
+pub mod multi_uprobe;
 pub mod offline;
 pub mod output;
 pub mod placement;

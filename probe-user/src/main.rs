@@ -140,6 +140,11 @@ fn run(opts: Options) -> Result<u8> {
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     let mut planner = Planner::new(opts.libs.clone());
     planner.hold_at_exit = stack_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
+    planner.scope = bpf::probe_scope();
+    if planner.scope == bpf::Scope::Traced && matches!(opts.mode, Mode::Launch { .. }) {
+        // Each new process gets its own probes; hold it until they are in place.
+        bpf.hold_children();
+    }
 
     let child = match (&opts.mode, launch) {
         (Mode::Launch { .. }, Some((program, argv))) => {

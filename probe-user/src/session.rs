@@ -336,6 +336,10 @@ impl Session {
                 return Ok(());
             };
             self.events += 1;
+            if let Decoded::Exit { pid, .. } = &ev {
+                // Now, not when its rows are released: the pid may be reused by a new child.
+                self.bpf.drop_process_probes(*pid);
+            }
             match &ev {
                 Decoded::Exec {
                     pid, path, stopped, ..
@@ -367,8 +371,21 @@ impl Session {
                     planned?;
                     self.print_planner_messages();
                 }
-                Decoded::Fork { parent, child, .. } => {
+                Decoded::Fork {
+                    parent,
+                    child,
+                    stopped,
+                    ..
+                } => {
                     log::debug(&format!("pid {parent} started process {child}: traced"));
+                    // Per-process probes: the child needs its own before it runs (it is
+                    // stopped for this in launch mode).
+                    if let Err(e) = self.bpf.scope_process(*child) {
+                        log::warn(&format!(
+                            "process {child} may be traced incompletely: {e:#}"
+                        ));
+                    }
+                    self.resume_if(*stopped, *child);
                 }
                 Decoded::Call(CallEvent {
                     pid,

@@ -40,10 +40,14 @@ pub struct ElfObject {
 }
 
 impl ElfObject {
-    /// Reads and parses the object at `path`.
+    /// Parses the object at `path`. The file is mapped, not read: only the pages the parser
+    /// touches (headers, symbol and string tables, the dynamic section) come in, so a
+    /// multi-GB library costs its tables, not its size.
     pub fn open(path: &Path) -> Result<Self> {
-        let data = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::parse(&data).with_context(|| format!("cannot parse ELF file {}", path.display()))
+        let map =
+            MappedFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(map.bytes())
+            .with_context(|| format!("cannot parse ELF file {}", path.display()))
     }
 
     /// Parses an in-memory ELF image. Never panics on malformed input.
@@ -140,6 +144,60 @@ impl ElfObject {
         self.exported
             .binary_search_by(|e| e.as_str().cmp(name))
             .is_ok()
+    }
+}
+
+/// A file mapped read-only and private: reading it never changes it, and the pages it is
+/// not asked for are never read from disk.
+struct MappedFile {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl MappedFile {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file = fs::File::open(path)?;
+        let len = file.metadata()?.len() as usize;
+        if len == 0 {
+            return Ok(MappedFile {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh private read-only mapping of a file we opened; unmapped in Drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(MappedFile { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the mapping is `len` bytes long and lives as long as `self`. (A file
+        // truncated under us would fault; libraries are replaced by rename, not rewritten.)
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: unmapping our own mapping once.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
     }
 }
 

@@ -1,0 +1,175 @@
+//! End-to-end: probes live only in the traced processes. A process that is not traced keeps
+//! its code as it is on disk (no breakpoint, so it pays nothing) and produces no events, while
+//! every process of the traced tree (forked without exec, threads, exec) is still traced from
+//! its first call. Expectations come from the workloads' own logs and from the bytes of the
+//! library file, never from the tracer.
+
+mod common;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use common::*;
+
+/// The library the workloads allocate through, as the fixtures build it.
+fn hal_library() -> PathBuf {
+    fixtures().join("lib/libascend_hal.so")
+}
+
+/// The bytes of `symbol`'s code in process `pid`'s mapping of `library` and in the file.
+fn code_in_memory_and_on_disk(pid: u32, library: &Path, symbol: &str) -> (Vec<u8>, Vec<u8>) {
+    let obj = memscope_symbols::ElfObject::open(library).unwrap();
+    let func = obj.function(symbol).unwrap().clone();
+    let file = fs::read(library).unwrap();
+    let on_disk = file[func.file_offset as usize..(func.file_offset + func.size) as usize].to_vec();
+    let wanted = fs::canonicalize(library).unwrap();
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || fs::canonicalize(f[5]).ok().as_ref() != Some(&wanted) {
+            continue;
+        }
+        let (start, end) = f[0].split_once('-').unwrap();
+        let (start, end) = (hex(start), hex(end));
+        let map_off = hex(f[2]);
+        if func.file_offset < map_off || func.file_offset + func.size > map_off + (end - start) {
+            continue;
+        }
+        let addr = start + (func.file_offset - map_off);
+        let mut in_memory = vec![0u8; func.size as usize];
+        use std::os::unix::fs::FileExt;
+        fs::File::open(format!("/proc/{pid}/mem"))
+            .unwrap()
+            .read_exact_at(&mut in_memory, addr)
+            .unwrap();
+        return (in_memory, on_disk);
+    }
+    panic!(
+        "{symbol} of {} not mapped in pid {pid}:\n{maps}",
+        library.display()
+    );
+}
+
+/// Runs a traced workload next to an untraced one on the same library, with `scope` in the
+/// tracer's `MEMSCOPE_BPF_SCOPE`; returns whether halMemAlloc's code differs from the file in
+/// (the traced process, the untraced one), and checks the untraced one got no output.
+fn breakpoints_with_scope(name: &str, scope: Option<&str>) -> (bool, bool) {
+    let dir = scratch(name);
+    let out_dir = dir.join("out");
+    let stop = dir.join("stop");
+    let neighbour_log = dir.join("neighbour.log");
+    let mut neighbour = Command::new(bin("workload"))
+        .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
+        .args(["--log", neighbour_log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_text(&neighbour_log, "FREE", 30);
+    let log = dir.join("gt.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memscope-bpf"));
+    cmd.args(["-o", out_dir.to_str().unwrap(), "--"])
+        .arg(bin("workload"))
+        .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
+        .args(["--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    match scope {
+        Some(s) => cmd.env("MEMSCOPE_BPF_SCOPE", s),
+        None => cmd.env_remove("MEMSCOPE_BPF_SCOPE"),
+    };
+    let tracer = cmd.spawn().unwrap();
+    // The traced loop runs (its frees are logged) once its probes are in place.
+    wait_for_text(&log, "FREE", 90);
+    let target = parse_log_pid(&log);
+    let (traced_mem, traced_disk) =
+        code_in_memory_and_on_disk(target, &hal_library(), "halMemAlloc");
+    let (other_mem, other_disk) =
+        code_in_memory_and_on_disk(neighbour.id(), &hal_library(), "halMemAlloc");
+    fs::write(&stop, b"").unwrap();
+    let out = tracer.wait_with_output().unwrap();
+    assert!(neighbour.wait().unwrap().success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Whatever the scope, the untraced process's calls are not events.
+    assert!(
+        process_dir(&out_dir, neighbour.id()).is_none(),
+        "the untraced process got an output directory"
+    );
+    // And the traced one's are all there.
+    let gt = parse_log(&log);
+    let rows = rows_of(&out_dir, gt.pid);
+    assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(&gt, &["MALLOC"]));
+    (traced_mem != traced_disk, other_mem != other_disk)
+}
+
+/// The pid the workload wrote in its log (`pid=N` of its first record).
+fn parse_log_pid(log: &Path) -> u32 {
+    let text = fs::read_to_string(log).unwrap();
+    text.lines()
+        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("pid=")))
+        .and_then(|p| p.parse().ok())
+        .expect("pid in the workload's log")
+}
+
+#[test]
+fn an_untraced_process_on_the_same_library_keeps_its_code_and_gives_no_events() {
+    if !require_root("an_untraced_process_on_the_same_library_keeps_its_code_and_gives_no_events") {
+        return;
+    }
+    let _serial = serial();
+    let (traced, untraced) = breakpoints_with_scope("scope-traced", None);
+    assert!(
+        traced,
+        "the traced process has no breakpoint in halMemAlloc"
+    );
+    assert!(
+        !untraced,
+        "the untraced process has a breakpoint in halMemAlloc"
+    );
+    // The check can see a breakpoint in the neighbour: system-wide probes put one there.
+    let (traced, untraced) = breakpoints_with_scope("scope-system", Some("system"));
+    assert!(
+        traced && untraced,
+        "system-wide probes: ({traced}, {untraced})"
+    );
+}
+
+#[test]
+fn a_child_forked_without_exec_is_traced_from_its_first_call() {
+    if !require_root("a_child_forked_without_exec_is_traced_from_its_first_call") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("fork-child");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--",
+        bin("workload").to_str().unwrap(),
+        "--threads",
+        "2",
+        "--steps",
+        "1",
+        "--fork-child",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let parent = parse_log(&log);
+    let child = parse_log(&dir.join("gt.log.fork"));
+    assert_ne!(parent.pid, child.pid);
+    // The child calls halMemAlloc from threads right after fork: every call is a row.
+    for gt in [&parent, &child] {
+        let rows = rows_of(&out_dir, gt.pid);
+        assert!(!gt.of("MALLOC").is_empty());
+        assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(gt, &["MALLOC"]));
+        assert_eq!(memory_rows(&rows, "FREE"), gt_rows(gt, &["FREE"]));
+        assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt));
+    }
+}
