@@ -21,6 +21,7 @@ use anyhow::Result;
 use memscope_symbols::{ElfObject, read_maps};
 
 use crate::{
+    aclnn,
     bpf::{Bpf, Scope},
     placement,
     probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
@@ -470,7 +471,7 @@ impl Planner {
             let belongs = match p.home {
                 Home::Library(lib) => explicit || probes::library_matches(&file_name, lib),
                 Home::AnyExporter => true,
-                Home::TorchNpu => false,
+                Home::TorchNpu | Home::OpApi => false,
             };
             if !belongs || !obj.exports(p.symbol) {
                 continue;
@@ -537,6 +538,12 @@ impl Planner {
                 Err(e) => self.warnings.push(format!("{e:#}")),
             }
         }
+        if aclnn::is_op_library(&file_name) {
+            let ops = self.attach_op_api(bpf, host, shown, &obj);
+            if ops > 0 {
+                symbols.push("aclnn*");
+            }
+        }
         if torch_npu::is_library(&file_name) {
             let identity = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
             if let Some(symbol) = self.attach_torch_npu(bpf, host, shown, identity) {
@@ -570,6 +577,42 @@ impl Planner {
 }
 
 impl Planner {
+    /// Probes every operator function the op library `host` exports, through one link for
+    /// all of them; returns how many.
+    fn attach_op_api(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        obj: &ElfObject,
+    ) -> usize {
+        let mut points = Vec::new();
+        for name in obj.exported.iter().filter(|n| aclnn::is_op_function(n)) {
+            let (Some(sym), Some(index)) = (obj.function(name), aclnn::register(name)) else {
+                continue;
+            };
+            let cookie = ProbeId::AclnnOp as u64 | (index as u64) << probe_common::COOKIE_HI_SHIFT;
+            points.push((sym.file_offset, cookie));
+        }
+        if points.is_empty() {
+            return 0;
+        }
+        match bpf.attach_many(host, &points, true, self.scope) {
+            Ok(()) => {
+                self.debug.push(format!(
+                    "probe {} operator functions (aclnn*) of {}",
+                    points.len(),
+                    shown.display()
+                ));
+                points.len()
+            }
+            Err(e) => {
+                self.warnings.push(format!("{e:#}"));
+                0
+            }
+        }
+    }
+
     /// Probes torch_npu's allocator report in `host` when the code is recognised; otherwise
     /// says why, once per file, and leaves the library alone (HAL is still traced).
     fn attach_torch_npu(

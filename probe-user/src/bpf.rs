@@ -256,16 +256,14 @@ impl Bpf {
         if with_return {
             use probe_common::spec_flags as sf;
             // Returns of calls without data get the lean return program.
-            let (lean, full): (Vec<Point>, Vec<Point>) =
-                points.iter().partition(|(_, cookie)| {
-                    self.spec_copies
-                        .get(&((cookie & PROBE_ID_MASK) as u16))
-                        .is_some_and(|s| {
-                            s.flags & sf::WANTS_RETURN != 0
-                                && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED)
-                                    == 0
-                        })
-                });
+            let (lean, full): (Vec<Point>, Vec<Point>) = points.iter().partition(|(_, cookie)| {
+                self.spec_copies
+                    .get(&((cookie & PROBE_ID_MASK) as u16))
+                    .is_some_and(|s| {
+                        s.flags & sf::WANTS_RETURN != 0
+                            && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED) == 0
+                    })
+            });
             // Return probes first so no entry is stored without a return to pair it.
             self.attach_points(hal_ret, path, &lean, scope)?;
             self.attach_points(ret, path, &full, scope)?;

@@ -104,6 +104,15 @@ pub enum Call {
     },
     /// A block event of torch_npu's caching or workspace allocator (`torch_npu.rs`).
     PtaUsage(crate::torch_npu::MemoryUsage),
+    /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
+    OpLaunch {
+        op: u32,
+        workspace: u64,
+        workspace_size: u64,
+        ret: i32,
+        /// From entry to return.
+        duration_ns: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -464,6 +473,16 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             Call::HeapUnregister {
                 domain: raw.args[0],
                 heap: raw.args[1],
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::AclnnOp => (
+            Call::OpLaunch {
+                op: raw.cpu,
+                workspace: raw.args[0],
+                workspace_size: raw.args[1],
+                ret,
+                duration_ns: raw.ret_ts_ns.saturating_sub(raw.ts_ns),
             },
             raw.ts_ns,
         ),

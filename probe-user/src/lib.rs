@@ -6,6 +6,7 @@
 //! rows) -> `output` (files) and `analysis` (leaks). `offline` reads saved dumps back for
 //! `--compare` and `analyze`.
 
+pub mod aclnn;
 pub mod analysis;
 pub mod atb;
 pub mod attach;

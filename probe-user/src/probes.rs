@@ -54,6 +54,9 @@ pub enum ProbeId {
     /// (`torch_npu.rs`); one id per `MemoryUsage` layout, so decoding knows which one it is.
     PtaUsageOriginal = 41,
     PtaUsageWithComponent = 42,
+    /// Every `aclnnX(workspace, workspaceSize, executor, stream)` of the op libraries
+    /// (`aclnn.rs`); the function is the cookie's upper bits.
+    AclnnOp = 43,
 }
 
 impl ProbeId {
@@ -73,6 +76,8 @@ pub enum Home {
     /// Not exported: found by analysing the code of `libtorch_npu.so` (`torch_npu::locate`);
     /// `symbol` is only the name shown to users.
     TorchNpu,
+    /// Every operator function of an op library (`aclnn.rs`).
+    OpApi,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -306,7 +311,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 42] = [
+pub const PROBES: [ProbeDef; 43] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -594,6 +599,16 @@ pub const PROBES: [ProbeDef; 42] = [
         home: Home::TorchNpu,
         spec: spec(sf::DATA_IS_BYTES, 0, crate::torch_npu::USAGE_SIZE, 0),
     },
+    // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
+    // aclrtStream stream): entry and return date the operator. The executor's first word is
+    // copied only so the call takes the unbatched path, whose event carries the function's
+    // index (packed batch records have no room for it).
+    ProbeDef {
+        id: ProbeId::AclnnOp,
+        symbol: "aclnn*",
+        home: Home::OpApi,
+        spec: spec(sf::WANTS_RETURN | sf::DATA_IS_BYTES, 2, 8, 0),
+    },
 ];
 
 /// What an ATB probe captures.
@@ -654,7 +669,7 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
         .filter(|p| match p.home {
             Home::Library(lib) => library_matches(file_name, lib),
             Home::AnyExporter => library_matches(file_name, MSTX_LIBRARY),
-            Home::TorchNpu => false,
+            Home::TorchNpu | Home::OpApi => false,
         })
         .collect()
 }

@@ -165,6 +165,8 @@ pub struct ProcessState {
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
+    /// The allocation id of the last PTA block (caching or workspace) made at each address.
+    pta_last_at: HashMap<u64, u64>,
     /// Start address -> key of the live ATB pool blocks.
     atb_by_addr: std::collections::BTreeMap<u64, u64>,
     /// ATB calls being put back together from their probes' events.
@@ -624,6 +626,44 @@ impl ProcessState {
                 }
             }
             Call::Exiting { .. } => {}
+            Call::OpLaunch {
+                op,
+                workspace,
+                workspace_size,
+                ret,
+                duration_ns,
+            } => {
+                self.stats.ops += 1;
+                if opts.write_op_launch
+                    && let Some(device) = self.mstx_device(ev.tid, opts)
+                {
+                    let name = crate::aclnn::name(*op).unwrap_or_else(|| format!("aclnn#{op}"));
+                    let mut attr =
+                        format!("workspace_addr:0x{workspace:x},workspace_size:{workspace_size}");
+                    if let Some(id) = self.workspace_block(*workspace) {
+                        attr.push_str(&format!(",workspace_allocation_id:{id}"));
+                    }
+                    let (pid, tid) = (self.pid, ev.tid);
+                    let op_row = |event_type, ts_ns, attr: String| Row {
+                        event: "OP_LAUNCH",
+                        event_type,
+                        name: name.clone().into(),
+                        ts_ns,
+                        pid,
+                        tid,
+                        device,
+                        ptr: None,
+                        attr,
+                        c_stack: None,
+                    };
+                    rows.push(op_row("ACLNN_START", ts_ns, attr));
+                    rows.push(op_row(
+                        "ACLNN_END",
+                        ts_ns.saturating_add(*duration_ns),
+                        format!("ret:{ret}"),
+                    ));
+                }
+            }
             Call::PtaUsage(u) => {
                 use crate::torch_npu::{Component, DataType};
                 let change = RegionChange {
@@ -737,6 +777,9 @@ impl ProcessState {
                 self.inefficient_atb
                     .event(block.allocation_id, MemEvent::Malloc);
             }
+        }
+        if matches!(c.pool, PoolKind::PtaCaching | PoolKind::PtaWorkspace) {
+            self.pta_last_at.insert(c.addr, block.allocation_id);
         }
         if c.pool == PoolKind::PtaCaching {
             self.pta_by_addr.insert(c.addr, c.addr);
@@ -1186,6 +1229,20 @@ impl ProcessState {
             ),
             c_stack: None,
         }
+    }
+
+    /// The allocation id of the PTA block an operator's workspace lies in: the last one
+    /// allocated at that address (the framework may hand the block back to its pool before a
+    /// queued operator runs: stream order keeps that safe), else a live block holding it.
+    fn workspace_block(&self, addr: u64) -> Option<u64> {
+        if addr == 0 {
+            return None;
+        }
+        self.pta_last_at.get(&addr).copied().or_else(|| {
+            let (_, start) = self.pta_by_addr.range(..=addr).next_back()?;
+            let b = self.pool_blocks.get(&(PoolKind::PtaCaching, *start))?;
+            (addr < b.addr + b.size).then_some(b.allocation_id)
+        })
     }
 
     /// End of an mstx step: pool blocks that outlived it, and the step's allocation swing.

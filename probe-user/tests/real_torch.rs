@@ -311,6 +311,55 @@ fn check(run: &Run, what: &str) {
         ctx("HAL after empty_cache")
     );
 
+    // Each operator the script ran is an ACLNN_START/ACLNN_END pair named after the op API
+    // function, in its step and in order, with the workspace the simulated aclnnAdd asks for
+    // (1 MiB, tests/fixtures/cann/cann_opapi.c) in a PTA block allocated before it.
+    let ops: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].event == "OP_LAUNCH" && rows[i].name == "aclnnAdd")
+        .collect();
+    let script_ops = log_lines(&run.log, "OP");
+    let starts: Vec<usize> = ops
+        .iter()
+        .copied()
+        .filter(|&i| rows[i].event_type == "ACLNN_START")
+        .collect();
+    assert_eq!(starts.len(), script_ops.len(), "{}", ctx("aclnnAdd rows"));
+    for (&i, op) in starts.iter().zip(&script_ops) {
+        assert_eq!(
+            step_of[i],
+            num(op, "step") as u32,
+            "{}",
+            ctx(&format!("step of {op:?}"))
+        );
+        let r = &rows[i];
+        assert_eq!(
+            r.attr["workspace_size"],
+            "1048576",
+            "{}",
+            ctx("workspace size")
+        );
+        let ws = hex(&r.attr["workspace_addr"]);
+        let id = &r.attr["workspace_allocation_id"];
+        assert!(
+            pta[..].iter().any(|&j| j < i
+                && rows[j].event == "MALLOC"
+                && rows[j].addr() == ws
+                && rows[j].size() >= 1048576
+                && &rows[j].attr["allocation_id"] == id),
+            "{}",
+            ctx(&format!("workspace block of {r:?}"))
+        );
+        let end = rows[i + 1..]
+            .iter()
+            .find(|e| e.event_type == "ACLNN_END" && e.name == "aclnnAdd" && e.tid == r.tid)
+            .unwrap_or_else(|| panic!("{}", ctx("no ACLNN_END")));
+        assert!(
+            end.ts >= r.ts && end.attr["ret"] == "0",
+            "{}",
+            ctx(&format!("{end:?}"))
+        );
+    }
+
     // The per-step leak report names every kept tensor with its step, and nothing else; a
     // block from the last step is never checked (no later step ends), as in msMemScope.
     let leaks: Vec<(u64, u32)> = log_lines(&run.log, "LEAK")

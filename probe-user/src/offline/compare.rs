@@ -6,7 +6,8 @@
 //!   N/A, 9999, host or cpu are skipped).
 //! * The framework is the Event Type of the first `PTA` or `MINDSPORE` row (base file first);
 //!   a file mixing the two is refused. Op-level comparison of MindSpore dumps is refused.
-//! * The sequence is the Event Type `ATEN_END`/`ATB_END` rows for `--level=op` (the default)
+//! * The sequence is the Event Type `ATEN_END`/`ATB_END` rows (and our `ACLNN_END`, the op
+//!   API calls of an unmodified process) for `--level=op` (the default)
 //!   and `KERNEL_LAUNCH` rows for `--level=kernel`; their Names are diffed.
 //! * The memory of an op is the Attr `size` of the first framework row at or after it in the
 //!   device's time order (0 when there is none).
@@ -76,7 +77,7 @@ struct Input {
 
 /// What `--level` selects.
 fn wanted(levels: &Levels, event_type: &str) -> bool {
-    (levels.op && matches!(event_type, "ATEN_END" | "ATB_END"))
+    (levels.op && matches!(event_type, "ATEN_END" | "ATB_END" | "ACLNN_END"))
         || (levels.kernel && event_type == "KERNEL_LAUNCH")
 }
 
@@ -396,7 +397,7 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
             if opts.levels.kernel && !opts.levels.op {
                 "KERNEL_LAUNCH"
             } else {
-                "ATEN_END/ATB_END"
+                "ATEN_END/ATB_END/ACLNN_END"
             }
         ));
     }
@@ -522,7 +523,7 @@ mod tests {
             op: false,
             kernel: true,
         };
-        assert!(wanted(&op, "ATEN_END") && wanted(&op, "ATB_END"));
+        assert!(wanted(&op, "ATEN_END") && wanted(&op, "ATB_END") && wanted(&op, "ACLNN_END"));
         assert!(!wanted(&op, "ATEN_START") && !wanted(&op, "KERNEL_LAUNCH"));
         assert!(wanted(&kernel, "KERNEL_LAUNCH") && !wanted(&kernel, "ATEN_END"));
     }
