@@ -87,6 +87,8 @@ struct Run {
     log: String,
     stderr: String,
     rows: Vec<DumpRow>,
+    /// The process's output directory.
+    dir: PathBuf,
 }
 
 /// `memscope-bpf -- python torch_npu_train.py` with the CANN environment.
@@ -96,7 +98,12 @@ fn launch(venv: &Path, dir: &Path) -> Run {
     let env_out = dir.join("env");
     let mut tracer = Command::new(TRACER);
     tracer
-        .args(["-o", out_dir.to_str().unwrap(), "--"])
+        .args([
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--analysis=leaks,decompose",
+            "--",
+        ])
         .arg(venv.join("bin/python"))
         .arg(script())
         .args([
@@ -129,6 +136,7 @@ fn launch(venv: &Path, dir: &Path) -> Run {
     let pid = ready_pid(&log);
     Run {
         rows: rows_of(&out_dir, pid),
+        dir: process_dir(&out_dir, pid).unwrap(),
         log,
         stderr,
     }
@@ -172,6 +180,7 @@ fn attach(venv: &Path, dir: &Path) -> Run {
     assert_eq!(code, Some(0), "{stderr}");
     Run {
         rows: rows_of(&out_dir, pid),
+        dir: process_dir(&out_dir, pid).unwrap(),
         log: fs::read_to_string(&log).unwrap(),
         stderr,
     }
@@ -400,17 +409,103 @@ fn live_hal(rows: &[DumpRow]) -> u64 {
     live.values().sum()
 }
 
+/// `--analysis=decompose` on the real run: at the end of every step the PTA owner holds
+/// memory_allocated() and the driver memory under the allocator (CANN@APP) memory_reserved().
+fn check_decompose(run: &Run, what: &str) {
+    let csv = find_files(&run.dir, "decompose_");
+    assert_eq!(csv.len(), 1, "{what}: one decompose file");
+    let text = fs::read_to_string(&csv[0]).unwrap();
+    let owner = |step: &str, owner: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{step},{owner},")))
+            .unwrap_or_else(|| panic!("{what}: no {owner} in step {step}:\n{text}"))
+            .split(',')
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for s in log_lines(&run.log, "STEP") {
+        assert_eq!(
+            owner(s["n"], "PTA"),
+            num(&s, "allocated"),
+            "{what}: {s:?}\n{text}"
+        );
+        assert_eq!(
+            owner(s["n"], "CANN@APP"),
+            num(&s, "reserved"),
+            "{what}: {s:?}\n{text}"
+        );
+    }
+}
+
+/// `--compare` of two real runs: one row per op API call, in the runs' order, each with the
+/// size of the first framework row after the call in each run (the documented rule).
+fn check_compare(base: &Run, new: &Run, dir: &Path) {
+    let dump = |run: &Run| find_files(&run.dir, "memscope_dump_")[0].clone();
+    let out = run_tracer(&[
+        "--compare",
+        &format!(
+            "--input-path={},{}",
+            dump(base).display(),
+            dump(new).display()
+        ),
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = &find_files(dir, "memory_compare_")[0];
+    let text = fs::read_to_string(csv).unwrap();
+    let memory_after = |run: &Run| -> Vec<(String, u64)> {
+        let rows = &run.rows;
+        (0..rows.len())
+            .filter(|&i| rows[i].event_type == "ACLNN_END" && rows[i].device == "0")
+            .map(|i| {
+                let size = rows[i..]
+                    .iter()
+                    .find(|r| {
+                        matches!(r.event.as_str(), "MALLOC" | "FREE") && r.event_type == "PTA"
+                    })
+                    .map_or(0, |r| r.size());
+                (rows[i].name.clone(), size)
+            })
+            .collect()
+    };
+    let (b, n) = (memory_after(base), memory_after(new));
+    assert_eq!(
+        b.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        n.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    let expected: Vec<String> = b
+        .iter()
+        .zip(&n)
+        .map(|((name, bs), (_, ns))| {
+            format!("OP_LAUNCH,{name},0,{bs},{ns},{}", *ns as i64 - *bs as i64)
+        })
+        .collect();
+    let got: Vec<&str> = text.lines().skip(2).collect();
+    assert_eq!(got, expected, "{text}");
+    assert!(expected.iter().any(|l| l.contains(",aclnnAdd,")));
+}
+
 #[test]
 fn real_torch_npu_launch_mode() {
     let Some(venvs) = venvs("real_torch_npu_launch_mode") else {
         return;
     };
     let _serial = serial();
+    let mut runs = Vec::new();
     for venv in venvs {
         let dir = scratch(&format!("real-torch-launch-{}", release(&venv)));
         let run = launch(&venv, &dir);
-        check(&run, &format!("launch, {}", release(&venv)));
-        // The whole run is seen from the first instruction: the lazy-init segment too.
+        let what = format!("launch, {}", release(&venv));
+        check(&run, &what);
+        check_decompose(&run, &what);
+        // The whole run is seen from the first instruction: aclInit too.
         assert_eq!(
             run.rows
                 .iter()
@@ -418,6 +513,11 @@ fn real_torch_npu_launch_mode() {
                 .count(),
             1
         );
+        runs.push(run);
+    }
+    // The same script on two torch_npu releases: the same operators, compared op by op.
+    if let [base, new, ..] = &runs[..] {
+        check_compare(base, new, &scratch("real-torch-compare"));
     }
 }
 
