@@ -533,3 +533,83 @@ fn real_torch_npu_attach_mode() {
         check(&run, &format!("--pid, {}", release(&venv)));
     }
 }
+
+/// `--analysis=oom:3` on the real framework: torch_npu's request for more than the device has
+/// fails in the driver (the simulated HAL's capacity is 512 MiB here), and the report lists
+/// the three tensors the script allocated last, newest first, and the three largest blocks live
+/// at that moment.
+#[test]
+fn real_torch_npu_oom_report() {
+    let Some(venvs) = venvs("real_torch_npu_oom_report") else {
+        return;
+    };
+    let _serial = serial();
+    let venv = &venvs[0];
+    let dir = scratch("real-torch-oom");
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--analysis=oom:3", "--"])
+        .arg(venv.join("bin/python"))
+        .arg(script())
+        .args(["--log", log.to_str().unwrap(), "--steps", "2", "--oom"])
+        .envs(cann_env())
+        .env("SIM_HAL_DEVICE_MEM_BYTES", (512u64 << 20).to_string())
+        .output()
+        .expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let log = fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("\nOOM message=NPU_out_of_memory"),
+        "torch_npu did not raise its OOM error:\n{log}"
+    );
+    let rows = rows_of(&out_dir, ready_pid(&log));
+    let trigger = rows
+        .iter()
+        .position(|r| r.event_type == "OOM_TRIGGER")
+        .unwrap_or_else(|| panic!("no OOM_TRIGGER row\n{stderr}"));
+    assert!(rows[trigger].attr["req_size"].parse::<u64>().unwrap() >= 1 << 40);
+    let detail = |ty: &str| -> Vec<(u64, u64)> {
+        rows[trigger + 1..]
+            .iter()
+            .take_while(|r| r.event_type != "OOM_TRIGGER")
+            .filter(|r| r.event_type == ty)
+            .map(|r| (hex(&r.attr["ptr"]), r.attr["size"].parse().unwrap()))
+            .collect()
+    };
+    // The most recent allocations: the held tensors, newest first, with the allocator's blocks.
+    let held: Vec<(u64, u64)> = log_lines(&log, "ALLOC")
+        .iter()
+        .filter(|a| a["name"].starts_with("hold"))
+        .map(|a| (hex(a["ptr"]), num(a, "bytes")))
+        .rev()
+        .collect();
+    assert_eq!(held.len(), 3);
+    assert_eq!(detail("OOM_RECENT_ALLOC"), held, "{stderr}");
+    // The largest live blocks: from the rows before the trigger (HAL segments and PTA blocks).
+    let mut live: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for r in rows[..trigger]
+        .iter()
+        .filter(|r| matches!(r.event_type.as_str(), "HAL" | "PTA"))
+    {
+        let key = (r.event_type.clone(), r.addr());
+        match r.event.as_str() {
+            "MALLOC" => {
+                live.insert(key, r.size());
+            }
+            "FREE" => {
+                live.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    let mut largest: Vec<(u64, u64)> = live.iter().map(|((_, a), s)| (*a, *s)).collect();
+    largest.sort_by(|x, y| y.1.cmp(&x.1));
+    largest.truncate(3);
+    assert_eq!(detail("OOM_TOP_ALLOC"), largest, "{stderr}");
+    assert!(
+        largest.contains(&held[2]),
+        "the 16 MiB tensor is among the largest"
+    );
+}
