@@ -605,7 +605,7 @@ fn real_torch_npu_oom_report() {
         }
     }
     let mut largest: Vec<(u64, u64)> = live.iter().map(|((_, a), s)| (*a, *s)).collect();
-    largest.sort_by(|x, y| y.1.cmp(&x.1));
+    largest.sort_by_key(|x| std::cmp::Reverse(x.1));
     largest.truncate(3);
     assert_eq!(detail("OOM_TOP_ALLOC"), largest, "{stderr}");
     assert!(
