@@ -1,0 +1,184 @@
+//! Chrome trace-event JSON (what ui.perfetto.dev and chrome://tracing open): counter tracks of
+//! the memory of every device, per owner and in total; operator and kernel slices per thread;
+//! mstx ranges as async slices; instant events for the blocks that leaked and for failed
+//! allocations (OOM).
+//!
+//! Timestamps are microseconds after the run's first event (`otherData.t0_ns` is that event's
+//! wall-clock time): absolute epoch microseconds with nanosecond fractions would not fit the
+//! precision of a JSON number. Counters are written at every change, not downsampled, so the
+//! counter at the peak is the peak.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::model::{Kind, Model, TrackKey, device_label};
+
+fn us(model: &Model, ts: u64) -> f64 {
+    (ts - model.t0) as f64 / 1000.0
+}
+
+/// Name of the counter track of a device.
+pub fn counter_name(key: &TrackKey) -> String {
+    format!("memory device {}", key.device_label())
+}
+
+pub const DRIVER_TOTAL: &str = "driver total";
+pub const POOL_TOTAL: &str = "pools total";
+
+/// The trace as a JSON value.
+pub fn trace(model: &Model) -> Value {
+    let mut evs: Vec<Value> = Vec::new();
+    let mut pids: Vec<u32> = model.tracks.keys().map(|k| k.pid).collect();
+    pids.extend(model.steps.keys());
+    pids.sort();
+    pids.dedup();
+    for pid in &pids {
+        evs.push(
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+            "args": {"name": format!("pid {pid}")}}),
+        );
+    }
+
+    // Counters: replay the memory events, one counter event per change.
+    #[derive(Default)]
+    struct Sums {
+        owners: HashMap<u32, u64>,
+        driver: u64,
+        pool: u64,
+    }
+    let mut sums: HashMap<TrackKey, Sums> = HashMap::new();
+    // (allocation id, size, owner, device) of the live blocks, by process, pool and address.
+    type Live = Vec<(u64, u64, u32, crate::output::DeviceKey)>;
+    let mut live: HashMap<(u32, u32, u64), Live> = HashMap::new();
+    // Operators and kernels per thread, ranges per process (LIFO per thread).
+    let mut open_ops: HashMap<(u32, u32), Vec<(u32, u64)>> = HashMap::new();
+    let mut open_ranges: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+    let mut range_ids = 0u64;
+    for e in &model.events {
+        let ts = us(model, e.ts);
+        match e.kind {
+            Kind::Malloc | Kind::PoolMalloc | Kind::Free | Kind::PoolFree => {
+                let driver = matches!(e.kind, Kind::Malloc | Kind::Free);
+                let lkey = (e.pid, e.pool, e.addr);
+                let (size, owner, device, sign) =
+                    if matches!(e.kind, Kind::Malloc | Kind::PoolMalloc) {
+                        live.entry(lkey)
+                            .or_default()
+                            .push((e.alloc_id, e.size, e.name, e.device));
+                        (e.size, e.name, e.device, 1)
+                    } else {
+                        let Some(v) = live.get_mut(&lkey) else {
+                            continue;
+                        };
+                        let pos = if e.alloc_id != 0 {
+                            v.iter().rposition(|b| b.0 == e.alloc_id || b.0 == 0)
+                        } else {
+                            v.len().checked_sub(1)
+                        };
+                        let Some(pos) = pos else { continue };
+                        let b = v.remove(pos);
+                        (b.1, b.2, b.3, -1)
+                    };
+                let key = TrackKey { pid: e.pid, device };
+                let s = sums.entry(key).or_default();
+                let o = s.owners.entry(owner).or_default();
+                let total = if driver { &mut s.driver } else { &mut s.pool };
+                if sign > 0 {
+                    *o += size;
+                    *total += size;
+                } else {
+                    *o = o.saturating_sub(size);
+                    *total = total.saturating_sub(size);
+                }
+                let mut args = serde_json::Map::new();
+                args.insert(model.name(owner).to_owned(), json!(*o));
+                args.insert(
+                    (if driver { DRIVER_TOTAL } else { POOL_TOTAL }).to_owned(),
+                    json!(if driver { s.driver } else { s.pool }),
+                );
+                evs.push(json!({"ph": "C", "name": counter_name(&key), "pid": e.pid,
+                    "tid": 0, "ts": ts, "args": args}));
+            }
+            Kind::OpStart | Kind::KernelStart => {
+                open_ops
+                    .entry((e.pid, e.tid))
+                    .or_default()
+                    .push((e.name, e.ts));
+            }
+            Kind::OpEnd | Kind::KernelEnd => {
+                let stack = open_ops.entry((e.pid, e.tid)).or_default();
+                // The matching start: the newest of the same name (an end without a start is
+                // dropped).
+                if let Some(pos) = stack.iter().rposition(|(n, _)| *n == e.name) {
+                    let (name, start) = stack.remove(pos);
+                    let cat = if e.kind == Kind::OpEnd {
+                        "operator"
+                    } else {
+                        "kernel"
+                    };
+                    evs.push(json!({"ph": "X", "cat": cat, "name": model.name(name),
+                        "pid": e.pid, "tid": e.tid, "ts": us(model, start),
+                        "dur": (e.ts - start) as f64 / 1000.0}));
+                }
+            }
+            Kind::KernelLaunch => {
+                evs.push(json!({"ph": "i", "s": "t", "cat": "kernel launch",
+                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}));
+            }
+            Kind::RangeStart | Kind::Step => {
+                range_ids += 1;
+                open_ranges
+                    .entry((e.pid, e.tid))
+                    .or_default()
+                    .push(range_ids);
+                evs.push(json!({"ph": "b", "cat": "mstx", "name": model.name(e.name),
+                    "id": range_ids, "pid": e.pid, "tid": e.tid, "ts": ts}));
+            }
+            Kind::RangeEnd => {
+                if let Some(id) = open_ranges.entry((e.pid, e.tid)).or_default().pop() {
+                    evs.push(json!({"ph": "e", "cat": "mstx", "id": id,
+                        "pid": e.pid, "tid": e.tid, "ts": ts}));
+                }
+            }
+            Kind::Mark => {
+                evs.push(json!({"ph": "i", "s": "t", "cat": "mstx",
+                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}));
+            }
+            Kind::Oom => {
+                evs.push(json!({"ph": "i", "s": "p", "cat": "oom",
+                    "name": format!("OOM: {} of {} bytes failed", model.name(e.name), e.size),
+                    "pid": e.pid, "tid": e.tid, "ts": ts,
+                    "args": {"device": device_label(e.device), "request": e.size}}));
+            }
+        }
+    }
+    // Ranges still open at the end are closed there, so the slices show.
+    let end = us(model, model.t1);
+    let mut still_open: Vec<((u32, u32), Vec<u64>)> = open_ranges.into_iter().collect();
+    still_open.sort();
+    for ((pid, tid), ids) in still_open {
+        for id in ids {
+            evs.push(
+                json!({"ph": "e", "cat": "mstx", "id": id, "pid": pid, "tid": tid, "ts": end}),
+            );
+        }
+    }
+    for (key, blocks) in &model.leaks {
+        for b in blocks {
+            evs.push(json!({"ph": "i", "s": "p", "cat": "leak",
+                "name": format!("leak: {} bytes at {:#x}", b.size, b.addr),
+                "pid": key.pid, "tid": b.tid, "ts": us(model, b.ts),
+                "args": {"device": key.device_label(), "size": b.size,
+                    "addr": format!("{:#018x}", b.addr), "allocation_id": b.alloc_id,
+                    "owner": model.name(b.owner), "step": b.step,
+                    "stack": model.stack(b.stack)}}));
+        }
+    }
+    json!({
+        "traceEvents": evs,
+        "displayTimeUnit": "ns",
+        "otherData": {"producer": concat!("memscope-bpf ", env!("CARGO_PKG_VERSION")),
+            "t0_ns": model.t0.to_string()},
+    })
+}
