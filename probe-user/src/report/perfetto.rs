@@ -53,7 +53,7 @@ pub fn trace(model: &Model) -> Value {
     let mut live: HashMap<(u32, u32, u64), Live> = HashMap::new();
     // Operators and kernels per thread, ranges per process (LIFO per thread).
     let mut open_ops: HashMap<(u32, u32), Vec<(u32, u64)>> = HashMap::new();
-    let mut open_ranges: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
+    let mut open_ranges: HashMap<(u32, u32), Vec<(u64, u32)>> = HashMap::new();
     let mut range_ids = 0u64;
     for e in &model.events {
         let ts = us(model, e.ts);
@@ -131,14 +131,16 @@ pub fn trace(model: &Model) -> Value {
                 open_ranges
                     .entry((e.pid, e.tid))
                     .or_default()
-                    .push(range_ids);
+                    .push((range_ids, e.name));
                 evs.push(json!({"ph": "b", "cat": "mstx", "name": model.name(e.name),
                     "id": range_ids, "pid": e.pid, "tid": e.tid, "ts": ts}));
             }
             Kind::RangeEnd => {
-                if let Some(id) = open_ranges.entry((e.pid, e.tid)).or_default().pop() {
-                    evs.push(json!({"ph": "e", "cat": "mstx", "id": id,
-                        "pid": e.pid, "tid": e.tid, "ts": ts}));
+                if let Some((id, name)) = open_ranges.entry((e.pid, e.tid)).or_default().pop() {
+                    evs.push(
+                        json!({"ph": "e", "cat": "mstx", "id": id, "name": model.name(name),
+                        "pid": e.pid, "tid": e.tid, "ts": ts}),
+                    );
                 }
             }
             Kind::Mark => {
@@ -155,12 +157,13 @@ pub fn trace(model: &Model) -> Value {
     }
     // Ranges still open at the end are closed there, so the slices show.
     let end = us(model, model.t1);
-    let mut still_open: Vec<((u32, u32), Vec<u64>)> = open_ranges.into_iter().collect();
+    let mut still_open: Vec<_> = open_ranges.into_iter().collect();
     still_open.sort();
     for ((pid, tid), ids) in still_open {
-        for id in ids {
+        for (id, name) in ids {
             evs.push(
-                json!({"ph": "e", "cat": "mstx", "id": id, "pid": pid, "tid": tid, "ts": end}),
+                json!({"ph": "e", "cat": "mstx", "id": id, "name": model.name(name),
+                "pid": pid, "tid": tid, "ts": end}),
             );
         }
     }
