@@ -2580,6 +2580,131 @@ mod tests {
     }
 
     #[test]
+    fn analyze_sites_options() {
+        use crate::report::{At, SitesRequest};
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        let o = ok(&["analyze", "-i", &a, "--by-site", "--at=peak", "--timeline"]);
+        assert_eq!(
+            o.sites,
+            SitesRequest {
+                by_site: true,
+                by_stack: false,
+                at: Some(At::Peak),
+                timeline_ms: Some(100),
+            }
+        );
+        let o = ok(&[
+            "analyze",
+            "-i",
+            &a,
+            "--by-stack",
+            "--at",
+            "1.5",
+            "--timeline=250",
+        ]);
+        assert!(o.sites.by_stack);
+        assert_eq!(o.sites.at, Some(At::After(1_500_000_000)));
+        assert_eq!(o.sites.timeline_ms, Some(250));
+        assert_eq!(
+            ok(&["analyze", "-i", &a, "--at=exit"]).sites.at,
+            Some(At::Exit)
+        );
+        assert_eq!(ok(&["analyze", "-i", &a]).sites, SitesRequest::default());
+        usage_err(
+            &["analyze", "-i", &a, "--at=soon"],
+            &["--at", "exit, peak or seconds"],
+        );
+        usage_err(&["analyze", "-i", &a, "--at=-1"], &["--at"]);
+        usage_err(&["analyze", "-i", &a, "--timeline=0"], &["milliseconds"]);
+        usage_err(&["analyze", "-i", &a, "--by-site=yes"], &["takes no value"]);
+        // Outside analyze they say where they belong.
+        usage_err(&["--by-site", "--", "true"], &["belongs to 'analyze'"]);
+        usage_err(&["--perfetto", "--", "true"], &["belongs to 'report'"]);
+    }
+
+    #[test]
+    fn report_mode() {
+        use crate::report::{Formats, ReportRequest};
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        let dir = t.path("");
+        let out = t.path("r.html");
+        match ok(&["report", "-i", &dir, "-o", &out]).mode {
+            Mode::Report { request } => assert_eq!(
+                request,
+                ReportRequest {
+                    inputs: vec![PathBuf::from(&dir)],
+                    output: PathBuf::from(&out),
+                    formats: Formats {
+                        html: true,
+                        ..Default::default()
+                    },
+                }
+            ),
+            m => panic!("{m:?}"),
+        }
+        match ok(&[
+            "report",
+            &format!("--input-path={dir},{a}"),
+            "--perfetto",
+            "-q",
+        ])
+        .mode
+        {
+            Mode::Report { request } => {
+                assert_eq!(request.inputs.len(), 2);
+                assert!(request.formats.html && request.formats.perfetto);
+                assert!(request.output.ends_with("memscope_report.html"));
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["report", "-i", &a, "--format=folded,speedscope"]).mode {
+            Mode::Report { request } => assert_eq!(
+                request.formats,
+                Formats {
+                    html: false,
+                    perfetto: false,
+                    folded: true,
+                    speedscope: true
+                }
+            ),
+            m => panic!("{m:?}"),
+        }
+        usage_err(&["report"], &["report needs the run", "--input-path"]);
+        usage_err(
+            &["report", "-i", &a, "--format=png"],
+            &["html, perfetto, folded or speedscope"],
+        );
+        usage_err(
+            &["report", "-i", &format!("{a},{a},{a}")],
+            &["one run, or two", "got 3"],
+        );
+        usage_err(&["report", "-i", &t.path("missing")], &["cannot read"]);
+        usage_err(&["report", "-i", &a, "-o", &dir], &["is a directory"]);
+        usage_err(
+            &["report", "-i", &a, "--pid=1"],
+            &["cannot be used with 'report'"],
+        );
+        usage_err(
+            &["report", "-i", &a, "prog"],
+            &["unexpected argument 'prog'"],
+        );
+        usage_err(
+            &["report", "-i", &format!("{a},{a}"), "--format=perfetto"],
+            &["add html"],
+        );
+        // --report at the end of a run.
+        assert_eq!(ok(&["--report", "--", "true"]).report_at_end, Some(None));
+        assert_eq!(
+            ok(&[&format!("--report={out}"), "--", "true"]).report_at_end,
+            Some(Some(PathBuf::from(&out)))
+        );
+        assert_eq!(ok(&["--", "true"]).report_at_end, None);
+        assert!(help_text().contains("report --input-path"));
+    }
+
+    #[test]
     fn analyze_errors() {
         let t = TempDir::new();
         let a = t.file("a.csv", b"x");

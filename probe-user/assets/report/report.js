@@ -143,9 +143,9 @@
       title: { text: 'local maximum per ' + D.timeline_ms + ' ms (click a bar for the sites)', textStyle: { fontSize: 13 } },
       tooltip: { trigger: 'axis', valueFormatter: function (v) { return fmtBytes(v); } },
       grid: { left: 70, right: 30, top: 36, bottom: 30 },
-      xAxis: { type: 'value', name: 's', min: 0, max: D.span_s },
+      xAxis: { type: 'category', name: 's', data: tr.timeline.map(function (m) { return m.start_s.toFixed(1); }) },
       yAxis: { type: 'value', axisLabel: { formatter: fmtBytes } },
-      series: [{ type: 'bar', barMaxWidth: 12, data: tr.timeline.map(function (m) { return [m.start_s, m.bytes]; }), itemStyle: { color: '#5470c6' } }]
+      series: [{ type: 'bar', barMaxWidth: 24, data: tr.timeline.map(function (m) { return m.bytes; }), itemStyle: { color: '#5470c6' } }]
     }, id);
     parent.appendChild(box);
     function show(i) {
