@@ -72,6 +72,14 @@ pub enum At {
 /// Writes `bytes` to `path`, replacing a regular file there (never writing through a
 /// symlink), mode 0640.
 pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = open_output(path)?;
+    f.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Opens `path` for writing under the rules of [`write_output`].
+pub fn open_output(path: &Path) -> Result<std::fs::File> {
     if let Ok(md) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
             !md.file_type().is_symlink(),
@@ -82,17 +90,14 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         crate::output::fsutil::create_dir_secure(dir, dir)?;
     }
-    let mut f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o640)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+        .with_context(|| format!("cannot create {}", path.display()))
 }
 
 /// `<dir>/<stem><suffix>` next to the HTML output.
@@ -150,8 +155,8 @@ pub fn run(req: &ReportRequest) -> Result<Vec<PathBuf>> {
     }
     if req.formats.perfetto {
         let p = sibling(&req.output, ".perfetto.json");
-        let text = serde_json::to_vec(&perfetto::trace(&model))?;
-        write_output(&p, &text)?;
+        perfetto::write_trace(&model, open_output(&p)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
         log::info(&format!(
             "Perfetto/Chrome trace written to {} (open it in ui.perfetto.dev)",
             p.display()

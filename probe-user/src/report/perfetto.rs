@@ -8,7 +8,7 @@
 //! precision of a JSON number. Counters are written at every change, not downsampled, so the
 //! counter at the peak is the peak.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, io::Write};
 
 use serde_json::{Value, json};
 
@@ -27,17 +27,22 @@ pub const DRIVER_TOTAL: &str = "driver total";
 pub const POOL_TOTAL: &str = "pools total";
 
 /// The trace as a JSON value.
-pub fn trace(model: &Model) -> Value {
-    let mut evs: Vec<Value> = Vec::new();
+/// Writes the trace to `w`, one event at a time (a long run's trace is never held in memory).
+pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
+    let mut out = Sink {
+        w: std::io::BufWriter::with_capacity(1 << 20, w),
+        first: true,
+    };
+    out.w.write_all(b"{\"traceEvents\":[\n")?;
     let mut pids: Vec<u32> = model.tracks.keys().map(|k| k.pid).collect();
     pids.extend(model.steps.keys());
     pids.sort();
     pids.dedup();
     for pid in &pids {
-        evs.push(
+        out.push(
             json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
             "args": {"name": format!("pid {pid}")}}),
-        );
+        )?;
     }
 
     // Counters: replay the memory events, one counter event per change.
@@ -97,8 +102,8 @@ pub fn trace(model: &Model) -> Value {
                     (if driver { DRIVER_TOTAL } else { POOL_TOTAL }).to_owned(),
                     json!(if driver { s.driver } else { s.pool }),
                 );
-                evs.push(json!({"ph": "C", "name": counter_name(&key), "pid": e.pid,
-                    "tid": 0, "ts": ts, "args": args}));
+                out.push(json!({"ph": "C", "name": counter_name(&key), "pid": e.pid,
+                    "tid": 0, "ts": ts, "args": args}))?;
             }
             Kind::OpStart | Kind::KernelStart => {
                 open_ops
@@ -117,14 +122,14 @@ pub fn trace(model: &Model) -> Value {
                     } else {
                         "kernel"
                     };
-                    evs.push(json!({"ph": "X", "cat": cat, "name": model.name(name),
+                    out.push(json!({"ph": "X", "cat": cat, "name": model.name(name),
                         "pid": e.pid, "tid": e.tid, "ts": us(model, start),
-                        "dur": (e.ts - start) as f64 / 1000.0}));
+                        "dur": (e.ts - start) as f64 / 1000.0}))?;
                 }
             }
             Kind::KernelLaunch => {
-                evs.push(json!({"ph": "i", "s": "t", "cat": "kernel launch",
-                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}));
+                out.push(json!({"ph": "i", "s": "t", "cat": "kernel launch",
+                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}))?;
             }
             Kind::RangeStart | Kind::Step => {
                 range_ids += 1;
@@ -132,26 +137,26 @@ pub fn trace(model: &Model) -> Value {
                     .entry((e.pid, e.tid))
                     .or_default()
                     .push((range_ids, e.name));
-                evs.push(json!({"ph": "b", "cat": "mstx", "name": model.name(e.name),
-                    "id": range_ids, "pid": e.pid, "tid": e.tid, "ts": ts}));
+                out.push(json!({"ph": "b", "cat": "mstx", "name": model.name(e.name),
+                    "id": range_ids, "pid": e.pid, "tid": e.tid, "ts": ts}))?;
             }
             Kind::RangeEnd => {
                 if let Some((id, name)) = open_ranges.entry((e.pid, e.tid)).or_default().pop() {
-                    evs.push(
+                    out.push(
                         json!({"ph": "e", "cat": "mstx", "id": id, "name": model.name(name),
                         "pid": e.pid, "tid": e.tid, "ts": ts}),
-                    );
+                    )?;
                 }
             }
             Kind::Mark => {
-                evs.push(json!({"ph": "i", "s": "t", "cat": "mstx",
-                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}));
+                out.push(json!({"ph": "i", "s": "t", "cat": "mstx",
+                    "name": model.name(e.name), "pid": e.pid, "tid": e.tid, "ts": ts}))?;
             }
             Kind::Oom => {
-                evs.push(json!({"ph": "i", "s": "p", "cat": "oom",
+                out.push(json!({"ph": "i", "s": "p", "cat": "oom",
                     "name": format!("OOM: {} of {} bytes failed", model.name(e.name), e.size),
                     "pid": e.pid, "tid": e.tid, "ts": ts,
-                    "args": {"device": device_label(e.device), "request": e.size}}));
+                    "args": {"device": device_label(e.device), "request": e.size}}))?;
             }
         }
     }
@@ -161,27 +166,53 @@ pub fn trace(model: &Model) -> Value {
     still_open.sort();
     for ((pid, tid), ids) in still_open {
         for (id, name) in ids {
-            evs.push(
+            out.push(
                 json!({"ph": "e", "cat": "mstx", "id": id, "name": model.name(name),
                 "pid": pid, "tid": tid, "ts": end}),
-            );
+            )?;
         }
     }
     for (key, blocks) in &model.leaks {
         for b in blocks {
-            evs.push(json!({"ph": "i", "s": "p", "cat": "leak",
+            out.push(json!({"ph": "i", "s": "p", "cat": "leak",
                 "name": format!("leak: {} bytes at {:#x}", b.size, b.addr),
                 "pid": key.pid, "tid": b.tid, "ts": us(model, b.ts),
                 "args": {"device": key.device_label(), "size": b.size,
                     "addr": format!("{:#018x}", b.addr), "allocation_id": b.alloc_id,
                     "owner": model.name(b.owner), "step": b.step,
-                    "stack": model.stack(b.stack)}}));
+                    "stack": model.stack(b.stack)}}))?;
         }
     }
-    json!({
-        "traceEvents": evs,
+    let tail = json!({
         "displayTimeUnit": "ns",
         "otherData": {"producer": concat!("memscope-bpf ", env!("CARGO_PKG_VERSION")),
             "t0_ns": model.t0.to_string()},
-    })
+    });
+    let tail = serde_json::to_string(&tail)?;
+    // `],` then the other members of the top-level object.
+    write!(out.w, "\n],{}", &tail[1..])?;
+    out.w.flush()
+}
+
+/// The trace as one JSON value (small runs, tests).
+pub fn trace(model: &Model) -> Value {
+    let mut v = Vec::new();
+    write_trace(model, &mut v).expect("writing to memory");
+    serde_json::from_slice(&v).expect("the trace is JSON")
+}
+
+struct Sink<W: Write> {
+    w: std::io::BufWriter<W>,
+    first: bool,
+}
+
+impl<W: Write> Sink<W> {
+    fn push(&mut self, v: Value) -> std::io::Result<()> {
+        if !self.first {
+            self.w.write_all(b",\n")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.w, &v)?;
+        Ok(())
+    }
 }
