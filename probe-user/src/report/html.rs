@@ -189,6 +189,9 @@ pub fn timeline_sites(model: &Model, by_stack: bool) -> BTreeMap<TrackKey, Vec<V
                     };
                     if let Some(pos) = pos {
                         let (_, size, site, key) = v.remove(pos);
+                        if v.is_empty() {
+                            live.remove(&(e.pid, e.addr));
+                        }
                         if let Some(s) = sums.get_mut(&key).and_then(|m| m.get_mut(&site)) {
                             s.0 -= size;
                             s.1 -= 1;

@@ -535,20 +535,15 @@ impl Model {
                 st.flush_column(track);
                 st.col = Some(col);
             }
-            let measure = |p: &Point| {
-                if p.driver > 0 || track.mallocs > 0 {
-                    p.driver
-                } else {
-                    p.pool
-                }
-            };
-            let cur = st.point(e.ts);
-            let m = measure(&cur);
+            // Only a new extreme of the column copies the owners' bytes.
+            let by_driver = track.mallocs > 0;
+            let measure = |p: &Point| if by_driver { p.driver } else { p.pool };
+            let m = if by_driver { st.driver } else { st.pool };
             if st.col_max.as_ref().is_none_or(|p| m > measure(p)) {
-                st.col_max = Some(cur.clone());
+                st.col_max = Some(st.point(e.ts));
             }
             if st.col_min.as_ref().is_none_or(|p| m < measure(p)) {
-                st.col_min = Some(cur);
+                st.col_min = Some(st.point(e.ts));
             }
 
             // Timeline: local maximum of driver bytes per interval.
@@ -697,19 +692,31 @@ impl LiveSet {
 
     /// Closes the block a FREE names; returns it and its device.
     fn remove(&mut self, e: &Event, driver: bool) -> Option<(LiveBlock, DeviceKey)> {
-        let blocks = if driver {
-            self.driver.get_mut(&(e.pid, e.addr))?
+        fn take<K: std::hash::Hash + Eq>(
+            map: &mut HashMap<K, Vec<(LiveBlock, DeviceKey)>>,
+            key: K,
+            alloc_id: u64,
+        ) -> Option<(LiveBlock, DeviceKey)> {
+            let blocks = map.get_mut(&key)?;
+            let pos = if alloc_id != 0 {
+                blocks
+                    .iter()
+                    .rposition(|(b, _)| b.alloc_id == alloc_id || b.alloc_id == 0)
+            } else {
+                blocks.len().checked_sub(1)
+            }?;
+            let b = blocks.remove(pos);
+            // Addresses are rarely reused in long runs: keep the map to the live blocks.
+            if blocks.is_empty() {
+                map.remove(&key);
+            }
+            Some(b)
+        }
+        if driver {
+            take(&mut self.driver, (e.pid, e.addr), e.alloc_id)
         } else {
-            self.pool.get_mut(&(e.pid, e.pool, e.addr))?
-        };
-        let pos = if e.alloc_id != 0 {
-            blocks
-                .iter()
-                .rposition(|(b, _)| b.alloc_id == e.alloc_id || b.alloc_id == 0)
-        } else {
-            blocks.len().checked_sub(1)
-        }?;
-        Some(blocks.remove(pos))
+            take(&mut self.pool, (e.pid, e.pool, e.addr), e.alloc_id)
+        }
     }
 
     fn by_track(&self) -> BTreeMap<TrackKey, Vec<LiveBlock>> {

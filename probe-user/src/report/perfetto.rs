@@ -83,6 +83,9 @@ pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
                         };
                         let Some(pos) = pos else { continue };
                         let b = v.remove(pos);
+                        if v.is_empty() {
+                            live.remove(&lkey);
+                        }
                         (b.1, b.2, b.3, -1)
                     };
                 let key = TrackKey { pid: e.pid, device };
