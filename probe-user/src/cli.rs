@@ -77,6 +77,10 @@ pub enum Mode {
     Compare { inputs: [PathBuf; 2] },
     /// `analyze --input=DUMP`: run the leak analysis on a saved dump.
     Analyze { input: PathBuf },
+    /// `report --input-path=RUN[,RUN2]`: draw a run (HTML, Perfetto, folded, speedscope).
+    Report {
+        request: crate::report::ReportRequest,
+    },
 }
 
 /// Event kinds (config.json bits: 0 alloc, 1 free, 2 launch, 3 access).
@@ -372,6 +376,11 @@ pub struct Options {
     pub ring_buffer_mib: u32,
     /// Deprecation notices and other warnings for the caller to print on stderr.
     pub warnings: Vec<String>,
+    /// `analyze --by-site/--by-stack/--at/--timeline`.
+    pub sites: crate::report::SitesRequest,
+    /// `--report[=FILE]`: write the HTML report at the end of the run (`Some(None)`: in the
+    /// traced process's directory).
+    pub report_at_end: Option<Option<PathBuf>>,
 }
 
 impl Options {
@@ -441,6 +450,7 @@ USAGE:
     {PROGRAM_NAME} --pid <PID> [OPTIONS]                attach to a running process
     {PROGRAM_NAME} --compare --input-path <A>,<B>       compare two dump files
     {PROGRAM_NAME} analyze --input-path <DUMP> [-o DIR] leak analysis of a saved dump
+    {PROGRAM_NAME} report --input-path <RUN> [-o FILE]  HTML report (and Perfetto trace) of a run
 
     Everything from the first argument that is not an option belongs to PROGRAM:
     `{PROGRAM_NAME} --level=op bash run.sh --level=kernel` passes --level=kernel to run.sh.
@@ -490,6 +500,8 @@ OUTPUT:
     -o, --output-path <DIR>         Output directory [default: ./memscopeDumpResults]
                                     [alias: --output, deprecated]
         --format <FORMAT>           csv | db [default: csv] [alias: --data-format, deprecated]
+        --report[=FILE]             At the end, also write the HTML report of the run
+                                    [default FILE: report.html in the process's directory]
 
 ANALYZE (first argument 'analyze'; a program named analyze runs with '-- analyze'):
     -i, --input-path <DUMP>         The dump to analyze (a regular file, not a symlink, at most
@@ -497,7 +509,29 @@ ANALYZE (first argument 'analyze'; a program named analyze runs with '-- analyze
                                     (summary on stderr, leaks_<ts>.csv under --output-path),
                                     and the dump is replayed through decompose, inefficient
                                     and the OOM rows it holds.
-                                    Only -i, -o, --log-level, -v and -q apply
+        --by-site                   Also print live bytes per allocation site (file:line of
+                                    the innermost frame outside vendor and framework code),
+                                    largest first; needs a dump traced with --call-stack=c
+        --by-stack                  Same, per whole call stack
+        --at <WHEN>                 exit | peak | SECONDS after the dump's first event
+                                    [default: exit]: when --by-site/--by-stack look
+        --timeline[=MS]             Write memscope_timeline_<MS>ms.csv under -o: the local
+                                    maximum per device in each MS-ms interval [default: 100]
+                                    and the site holding the most then
+                                    Only these, -i, -o, --log-level, -v and -q apply
+
+REPORT (first argument 'report'):
+    -i, --input-path <RUN>[,<RUN2>] A run: an --output-path directory, a process directory or
+                                    one dump (ours or msMemScope's, CSV or db); with RUN2, the
+                                    report also compares the two runs (RUN is the base)
+    -o, --output-path <FILE>        The HTML file [default: ./memscope_report.html]; other
+                                    formats are written beside it, named after it
+        --format <LIST>             html | perfetto | folded | speedscope [default: html]
+                                    perfetto: <stem>.perfetto.json (ui.perfetto.dev,
+                                      chrome://tracing); folded: <stem>.exit.folded and
+                                      <stem>.peak.folded (flamegraph.pl); speedscope:
+                                      <stem>.speedscope.json, live bytes at the end and peak
+        --perfetto                  Same as adding perfetto to --format
 
 MISC:
         --log-level <LEVEL>         debug | info | warning | error [default: info]
@@ -532,6 +566,12 @@ EXAMPLES:
 
     # Leak analysis of a saved dump (ours or msMemScope's, CSV or db)
     {PROGRAM_NAME} analyze --input=results/device_0/dump/memscope_dump_1.db -o ./analysis
+
+    # Where the memory was at the peak, by source line, and the 100 ms maxima
+    {PROGRAM_NAME} analyze -i memscope_dump_1.csv --by-site --at=peak --timeline
+
+    # The report of a run, and a Perfetto trace beside it
+    {PROGRAM_NAME} report -i ./memscopeDumpResults -o run.html --perfetto
 ",
         version = env!("CARGO_PKG_VERSION"),
     )
@@ -851,14 +891,34 @@ enum Opt {
     LogLevel,
     Lib,
     RingBuffer,
+    BySite,
+    ByStack,
+    At,
+    Timeline,
+    Report,
+    Perfetto,
 }
 
 impl Opt {
     fn takes_value(self) -> bool {
         !matches!(
             self,
-            Opt::Help | Opt::Version | Opt::Verbose | Opt::Quiet | Opt::Compare
+            Opt::Help
+                | Opt::Version
+                | Opt::Verbose
+                | Opt::Quiet
+                | Opt::Compare
+                | Opt::BySite
+                | Opt::ByStack
+                | Opt::Timeline
+                | Opt::Report
+                | Opt::Perfetto
         )
+    }
+
+    /// Takes a value only when written `--opt=VALUE`.
+    fn optional_value(self) -> bool {
+        matches!(self, Opt::Timeline | Opt::Report)
     }
 }
 
@@ -888,6 +948,12 @@ fn lookup_long(name: &str) -> Option<(Opt, Option<&'static str>)> {
         "log-level" => Opt::LogLevel,
         "lib" => Opt::Lib,
         "ring-buffer-mib" => Opt::RingBuffer,
+        "by-site" => Opt::BySite,
+        "by-stack" => Opt::ByStack,
+        "at" => Opt::At,
+        "timeline" => Opt::Timeline,
+        "report" => Opt::Report,
+        "perfetto" => Opt::Perfetto,
         _ => return None,
     };
     Some((opt, None))
@@ -916,6 +982,13 @@ struct State {
     /// `analyze` subcommand (first argument).
     analyze: bool,
     analyze_input: Option<PathBuf>,
+    /// `report` subcommand (first argument).
+    report: bool,
+    report_inputs: Vec<PathBuf>,
+    report_formats: Option<crate::report::Formats>,
+    report_perfetto: bool,
+    sites: crate::report::SitesRequest,
+    report_at_end: Option<Option<PathBuf>>,
     inputs: Option<[PathBuf; 2]>,
     input_opt: String,
     output_dir: Option<PathBuf>,
@@ -945,6 +1018,12 @@ impl State {
             compare: false,
             analyze: false,
             analyze_input: None,
+            report: false,
+            report_inputs: Vec::new(),
+            report_formats: None,
+            report_perfetto: false,
+            sites: crate::report::SitesRequest::default(),
+            report_at_end: None,
             inputs: None,
             input_opt: String::new(),
             output_dir: None,
@@ -975,6 +1054,14 @@ impl State {
     /// Apply one option. `opt_name` is the spelling the user typed (for messages).
     fn apply(&mut self, opt: Opt, opt_name: &str, value: Option<&OsStr>) -> Result<(), CliError> {
         let value_os = value.unwrap_or_default();
+        if self.report
+            && !matches!(
+                opt,
+                Opt::Help | Opt::Version | Opt::Verbose | Opt::Quiet | Opt::LogLevel
+            )
+        {
+            return self.apply_report(opt, opt_name, value);
+        }
         if self.analyze {
             match opt {
                 Opt::Help
@@ -987,13 +1074,48 @@ impl State {
                     self.analyze_input = Some(parse_analyze_input(opt_name, value_os)?);
                     return Ok(());
                 }
+                Opt::BySite => {
+                    self.sites.by_site = true;
+                    return Ok(());
+                }
+                Opt::ByStack => {
+                    self.sites.by_stack = true;
+                    return Ok(());
+                }
+                Opt::At => {
+                    self.sites.at = Some(parse_at(opt_name, value_os)?);
+                    return Ok(());
+                }
+                Opt::Timeline => {
+                    self.sites.timeline_ms = Some(match value {
+                        None => crate::report::model::DEFAULT_TIMELINE_MS,
+                        Some(v) => parse_timeline_ms(opt_name, v)?,
+                    });
+                    return Ok(());
+                }
                 _ => {
                     return Err(CliError::usage(format!(
                         "{opt_name} cannot be used with 'analyze' (it takes --input-path=DUMP, \
-                         --output-path, --log-level, -v and -q)"
+                         --output-path, --by-site, --by-stack, --at, --timeline, --log-level, \
+                         -v and -q)"
                     )));
                 }
             }
+        } else if matches!(opt, Opt::BySite | Opt::ByStack | Opt::At | Opt::Timeline) {
+            return Err(CliError::usage(format!(
+                "{opt_name} belongs to 'analyze': {PROGRAM_NAME} analyze -i DUMP {opt_name}"
+            )));
+        } else if opt == Opt::Perfetto {
+            return Err(CliError::usage(format!(
+                "{opt_name} belongs to 'report': {PROGRAM_NAME} report -i RUN --perfetto"
+            )));
+        }
+        if opt == Opt::Report {
+            self.report_at_end = Some(match value {
+                None => None,
+                Some(v) => Some(resolve_output_file(opt_name, v)?),
+            });
+            return Ok(());
         }
         // Options whose values are paths handle raw bytes themselves.
         match opt {
@@ -1096,7 +1218,13 @@ impl State {
             | Opt::Compare
             | Opt::Output
             | Opt::Input
-            | Opt::Lib => {}
+            | Opt::Lib
+            | Opt::BySite
+            | Opt::ByStack
+            | Opt::At
+            | Opt::Timeline
+            | Opt::Report
+            | Opt::Perfetto => {}
         }
         Ok(())
     }
@@ -1233,8 +1361,93 @@ impl State {
         Ok(set)
     }
 
+    /// The options of `report`.
+    fn apply_report(
+        &mut self,
+        opt: Opt,
+        opt_name: &str,
+        value: Option<&OsStr>,
+    ) -> Result<(), CliError> {
+        let value_os = value.unwrap_or_default();
+        match opt {
+            Opt::Input => {
+                self.report_inputs = parse_report_inputs(opt_name, value_os)?;
+                Ok(())
+            }
+            Opt::Output => {
+                self.output_dir = Some(resolve_output_file(opt_name, value_os)?);
+                Ok(())
+            }
+            Opt::Perfetto => {
+                self.report_perfetto = true;
+                Ok(())
+            }
+            Opt::Format => {
+                let v = value_os.to_str().unwrap_or("");
+                let mut f = crate::report::Formats::default();
+                for t in split_list(v) {
+                    match t {
+                        "html" => f.html = true,
+                        "perfetto" => f.perfetto = true,
+                        "folded" => f.folded = true,
+                        "speedscope" => f.speedscope = true,
+                        _ => {
+                            return Err(invalid(
+                                opt_name,
+                                v,
+                                "'report' writes html, perfetto, folded or speedscope (a list)",
+                            ));
+                        }
+                    }
+                }
+                if f == crate::report::Formats::default() {
+                    return Err(invalid(opt_name, v, "name at least one format"));
+                }
+                self.report_formats = Some(f);
+                Ok(())
+            }
+            _ => Err(CliError::usage(format!(
+                "{opt_name} cannot be used with 'report' (it takes --input-path=RUN[,RUN2], \
+                 --output-path=FILE, --format, --perfetto, --log-level, -v and -q)"
+            ))),
+        }
+    }
+
     fn finish(mut self) -> Result<Options, CliError> {
-        let mode = if self.analyze {
+        let mode = if self.report {
+            if let Some((program, _)) = self.program.take() {
+                return Err(CliError::usage(format!(
+                    "unexpected argument '{}': 'report' reads the run given with --input-path=RUN",
+                    shown_os(&program)
+                )));
+            }
+            if self.report_inputs.is_empty() {
+                return Err(CliError::usage(
+                    "report needs the run to draw: report --input-path=RUN_DIR|DUMP",
+                ));
+            }
+            let mut formats = self.report_formats.unwrap_or(crate::report::Formats {
+                html: true,
+                ..Default::default()
+            });
+            formats.perfetto |= self.report_perfetto;
+            if self.report_inputs.len() == 2 && !formats.html {
+                return Err(CliError::usage(
+                    "two runs are compared in the HTML report: add html to --format",
+                ));
+            }
+            let output = match self.output_dir.take() {
+                Some(p) => p,
+                None => lexical_absolute(Path::new("memscope_report.html"), &current_dir()?),
+            };
+            Mode::Report {
+                request: crate::report::ReportRequest {
+                    inputs: std::mem::take(&mut self.report_inputs),
+                    output,
+                    formats,
+                },
+            }
+        } else if self.analyze {
             if let Some((program, _)) = self.program.take() {
                 return Err(CliError::usage(format!(
                     "unexpected argument '{}': 'analyze' reads the dump given with --input-path=DUMP \
@@ -1341,6 +1554,8 @@ impl State {
             libs: self.libs,
             ring_buffer_mib: self.ring_buffer_mib,
             warnings: self.warnings,
+            sites: self.sites,
+            report_at_end: self.report_at_end,
         })
     }
 }
@@ -1462,6 +1677,99 @@ fn parse_devices(opt: &str, v: &str) -> Result<DeviceFilter, CliError> {
         }
     }
     Ok(d)
+}
+
+/// `report --input-path`: one or two runs, each an existing directory or dump file (not a
+/// symlink).
+fn parse_report_inputs(opt: &str, v: &OsStr) -> Result<Vec<PathBuf>, CliError> {
+    if v.len() > 2 * MAX_PATH_LEN {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value: it is {} bytes long, more than {}",
+            v.len(),
+            2 * MAX_PATH_LEN
+        )));
+    }
+    let tokens = split_list_os(v);
+    if tokens.is_empty() || tokens.len() > 2 {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value '{}': 'report' takes one run, or two to compare, got {}",
+            shown_os(v),
+            tokens.len()
+        )));
+    }
+    tokens
+        .into_iter()
+        .map(|t| {
+            let path = PathBuf::from(t);
+            match std::fs::symlink_metadata(&path) {
+                Ok(md) if md.is_dir() => Ok(path),
+                Ok(_) => check_input_file(opt, v, t),
+                Err(e) => Err(CliError::usage(format!(
+                    "invalid {opt} value '{}': cannot read '{}': {e}",
+                    shown_os(v),
+                    shown_os(t)
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// An output file path: UTF-8, not empty, not a directory or a symlink.
+fn resolve_output_file(opt: &str, raw: &OsStr) -> Result<PathBuf, CliError> {
+    let Some(value) = raw.to_str().filter(|v| !v.trim().is_empty()) else {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value '{}': expected a file name (UTF-8, not empty)",
+            shown_os(raw)
+        )));
+    };
+    if value.len() > MAX_PATH_LEN {
+        return Err(CliError::usage(format!(
+            "invalid {opt} value: it is {} bytes long, more than {MAX_PATH_LEN}",
+            value.len()
+        )));
+    }
+    let abs = lexical_absolute(Path::new(value), &current_dir()?);
+    match std::fs::symlink_metadata(&abs) {
+        Ok(md) if md.is_dir() => Err(invalid(
+            opt,
+            value,
+            "is a directory; name the file to write, e.g. DIR/report.html",
+        )),
+        Ok(md) if md.file_type().is_symlink() => Err(invalid(
+            opt,
+            value,
+            "is a symbolic link; name the file itself",
+        )),
+        _ => Ok(abs),
+    }
+}
+
+/// `--at=exit|peak|SECONDS`.
+fn parse_at(opt: &str, v: &OsStr) -> Result<crate::report::At, CliError> {
+    let v = v.to_str().unwrap_or("");
+    Ok(match v {
+        "exit" | "end" => crate::report::At::Exit,
+        "peak" => crate::report::At::Peak,
+        _ => match v.parse::<f64>() {
+            Ok(s) if (0.0..1e9).contains(&s) => crate::report::At::After((s * 1e9).round() as u64),
+            _ => {
+                return Err(invalid(
+                    opt,
+                    v,
+                    "expected exit, peak or seconds after the dump's first event (e.g. 1.5)",
+                ));
+            }
+        },
+    })
+}
+
+/// `--timeline=MS`: 1 ms to one hour.
+fn parse_timeline_ms(opt: &str, v: &OsStr) -> Result<u64, CliError> {
+    let v = v.to_str().unwrap_or("");
+    parse_decimal(v, false)
+        .map(u64::from)
+        .filter(|ms| (1..=3_600_000).contains(ms))
+        .ok_or_else(|| invalid(opt, v, "expected an interval in milliseconds, 1..=3600000"))
 }
 
 /// `analyze --input-path`: exactly one dump file, under the same rules as the compare inputs.
@@ -1589,6 +1897,9 @@ where
     if argv.get(1).is_some_and(|a| a == "analyze") {
         st.analyze = true;
         i = 2;
+    } else if argv.get(1).is_some_and(|a| a == "report") {
+        st.report = true;
+        i = 2;
     }
     while i < argv.len() {
         let arg = argv[i].as_os_str();
@@ -1639,10 +1950,10 @@ where
                     },
                 }
             } else {
-                if inline.is_some() {
+                if inline.is_some() && !opt.optional_value() {
                     return Err(CliError::usage(format!("option '{name}' takes no value")));
                 }
-                None
+                inline
             };
             st.apply(opt, &name, value)?;
             continue;
@@ -2266,6 +2577,131 @@ mod tests {
             }
             m => panic!("{m:?}"),
         }
+    }
+
+    #[test]
+    fn analyze_sites_options() {
+        use crate::report::{At, SitesRequest};
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        let o = ok(&["analyze", "-i", &a, "--by-site", "--at=peak", "--timeline"]);
+        assert_eq!(
+            o.sites,
+            SitesRequest {
+                by_site: true,
+                by_stack: false,
+                at: Some(At::Peak),
+                timeline_ms: Some(100),
+            }
+        );
+        let o = ok(&[
+            "analyze",
+            "-i",
+            &a,
+            "--by-stack",
+            "--at",
+            "1.5",
+            "--timeline=250",
+        ]);
+        assert!(o.sites.by_stack);
+        assert_eq!(o.sites.at, Some(At::After(1_500_000_000)));
+        assert_eq!(o.sites.timeline_ms, Some(250));
+        assert_eq!(
+            ok(&["analyze", "-i", &a, "--at=exit"]).sites.at,
+            Some(At::Exit)
+        );
+        assert_eq!(ok(&["analyze", "-i", &a]).sites, SitesRequest::default());
+        usage_err(
+            &["analyze", "-i", &a, "--at=soon"],
+            &["--at", "exit, peak or seconds"],
+        );
+        usage_err(&["analyze", "-i", &a, "--at=-1"], &["--at"]);
+        usage_err(&["analyze", "-i", &a, "--timeline=0"], &["milliseconds"]);
+        usage_err(&["analyze", "-i", &a, "--by-site=yes"], &["takes no value"]);
+        // Outside analyze they say where they belong.
+        usage_err(&["--by-site", "--", "true"], &["belongs to 'analyze'"]);
+        usage_err(&["--perfetto", "--", "true"], &["belongs to 'report'"]);
+    }
+
+    #[test]
+    fn report_mode() {
+        use crate::report::{Formats, ReportRequest};
+        let t = TempDir::new();
+        let a = t.file("a.csv", b"x");
+        let dir = t.path("");
+        let out = t.path("r.html");
+        match ok(&["report", "-i", &dir, "-o", &out]).mode {
+            Mode::Report { request } => assert_eq!(
+                request,
+                ReportRequest {
+                    inputs: vec![PathBuf::from(&dir)],
+                    output: PathBuf::from(&out),
+                    formats: Formats {
+                        html: true,
+                        ..Default::default()
+                    },
+                }
+            ),
+            m => panic!("{m:?}"),
+        }
+        match ok(&[
+            "report",
+            &format!("--input-path={dir},{a}"),
+            "--perfetto",
+            "-q",
+        ])
+        .mode
+        {
+            Mode::Report { request } => {
+                assert_eq!(request.inputs.len(), 2);
+                assert!(request.formats.html && request.formats.perfetto);
+                assert!(request.output.ends_with("memscope_report.html"));
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["report", "-i", &a, "--format=folded,speedscope"]).mode {
+            Mode::Report { request } => assert_eq!(
+                request.formats,
+                Formats {
+                    html: false,
+                    perfetto: false,
+                    folded: true,
+                    speedscope: true
+                }
+            ),
+            m => panic!("{m:?}"),
+        }
+        usage_err(&["report"], &["report needs the run", "--input-path"]);
+        usage_err(
+            &["report", "-i", &a, "--format=png"],
+            &["html, perfetto, folded or speedscope"],
+        );
+        usage_err(
+            &["report", "-i", &format!("{a},{a},{a}")],
+            &["one run, or two", "got 3"],
+        );
+        usage_err(&["report", "-i", &t.path("missing")], &["cannot read"]);
+        usage_err(&["report", "-i", &a, "-o", &dir], &["is a directory"]);
+        usage_err(
+            &["report", "-i", &a, "--pid=1"],
+            &["cannot be used with 'report'"],
+        );
+        usage_err(
+            &["report", "-i", &a, "prog"],
+            &["unexpected argument 'prog'"],
+        );
+        usage_err(
+            &["report", "-i", &format!("{a},{a}"), "--format=perfetto"],
+            &["add html"],
+        );
+        // --report at the end of a run.
+        assert_eq!(ok(&["--report", "--", "true"]).report_at_end, Some(None));
+        assert_eq!(
+            ok(&[&format!("--report={out}"), "--", "true"]).report_at_end,
+            Some(Some(PathBuf::from(&out)))
+        );
+        assert_eq!(ok(&["--", "true"]).report_at_end, None);
+        assert!(help_text().contains("report --input-path"));
     }
 
     #[test]

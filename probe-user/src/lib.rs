@@ -4,7 +4,7 @@
 //! Data flow: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load,
 //! attach) -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state,
 //! rows) -> `output` (files) and `analysis` (leaks). `offline` reads saved dumps back for
-//! `--compare` and `analyze`.
+//! `--compare` and `analyze`; `report` draws them (HTML, Perfetto, flame graphs).
 
 pub mod aclnn;
 pub mod analysis;
@@ -24,6 +24,7 @@ pub mod output;
 pub mod placement;
 pub mod pools;
 pub mod probes;
+pub mod report;
 pub mod session;
 pub mod stacks;
 pub mod torch_npu;

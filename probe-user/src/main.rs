@@ -10,7 +10,7 @@ use memscope_bpf::{
     attach::{Planner, TargetEnv},
     bpf, cli,
     cli::{DataFormat, Mode, Options},
-    launch, log, offline, output, session,
+    launch, log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
     tracefs,
     tracker::{StepFilter, TrackOptions},
@@ -73,7 +73,20 @@ fn run(opts: Options) -> Result<u8> {
             });
         }
         Mode::Analyze { input } => {
-            return run_offline(&opts, |o| offline::analyze::run(o, input).map(drop));
+            return run_offline(&opts, |o| {
+                offline::analyze::run(o, input)?;
+                if o.sites != report::SitesRequest::default() {
+                    report::analyze(input, &o.sites, &o.output_dir)?;
+                }
+                Ok(())
+            });
+        }
+        Mode::Report { request } => {
+            report::run(request).map_err(|e| match e.downcast_ref::<offline::InputError>() {
+                Some(ie) => usage(ie.to_string()),
+                None => e,
+            })?;
+            return Ok(0);
         }
         _ => {}
     }
@@ -216,6 +229,9 @@ fn run(opts: Options) -> Result<u8> {
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
 
     print_summary(&result, &opts.output_dir, opts.analysis.oom_top_k.is_some());
+    if let Some(file) = &opts.report_at_end {
+        write_report_at_end(&result, file.as_deref());
+    }
     for (name, runs, ns) in result.bpf.program_stats() {
         log::info(&format!(
             "bpf program {name}: {runs} runs, {:.0} ns per run",
@@ -250,6 +266,44 @@ fn run_offline(opts: &Options, work: impl FnOnce(&Options) -> Result<()>) -> Res
         None => e,
     })?;
     Ok(0)
+}
+
+/// `--report[=FILE]`: the HTML report of every process traced, in the first process's
+/// directory unless FILE is given. A failure is a warning: the trace itself is written.
+fn write_report_at_end(r: &session::SessionResult, file: Option<&std::path::Path>) {
+    let dirs: Vec<&PathBuf> = r
+        .processes
+        .iter()
+        .filter(|(_, _, rows, _)| *rows > 0)
+        .map(|(_, _, _, dir)| dir)
+        .collect();
+    let Some(first) = dirs.first() else {
+        log::warn("--report: no rows were written, so there is nothing to draw");
+        return;
+    };
+    let out = file.map_or_else(|| first.join("report.html"), std::path::Path::to_path_buf);
+    let result = (|| -> Result<u64> {
+        let mut b = report::model::Builder::new();
+        for d in &dirs {
+            for f in report::model::dump_files(d)? {
+                b.read_file(&f)?;
+            }
+        }
+        let model = b.finish(report::model::DEFAULT_TIMELINE_MS);
+        let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        report::html::write(&model, &names, None, &out)
+    })();
+    match result {
+        Ok(size) => log::info(&format!(
+            "report: {} ({:.1} MiB)",
+            out.display(),
+            size as f64 / (1 << 20) as f64
+        )),
+        Err(e) => log::warn(&format!(
+            "--report: could not write {}: {e:#}",
+            out.display()
+        )),
+    }
 }
 
 fn report_plan(planner: &mut Planner) {

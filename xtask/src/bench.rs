@@ -20,6 +20,9 @@
 //!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
 //! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
 //!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
+//! * `report`: the HTML report of a 10 M-event dump (written by the replay example): time to
+//!   build it, its size, and its first paint in headless Chromium (the page's own measure from
+//!   its first script line to every chart drawn, and the wall time of `chromium --dump-dom`).
 //!
 //! Nothing here runs in CI or asserts times.
 
@@ -37,7 +40,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cmd, setup};
 
 const TAG: &str = "[bench]";
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "insn",
     "overhead",
     "stacks",
@@ -45,6 +48,7 @@ const SECTIONS: [&str; 7] = [
     "loss",
     "symbols",
     "replay",
+    "report",
 ];
 
 #[derive(Clone, Debug)]
@@ -203,7 +207,7 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms) = (want("stacks"), want("symbols"));
+    let (w_stacks, w_syms, w_report) = (want("stacks"), want("symbols"), want("report"));
     if w_insn {
         b.insn()?;
     }
@@ -224,6 +228,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_replay {
         b.replay(&target)?;
+    }
+    if w_report {
+        b.report(&target)?;
     }
     b.write(started.elapsed().as_secs_f64())?;
     Ok(0)
@@ -1411,6 +1418,105 @@ impl Bench {
         Ok(())
     }
 
+    /// `report`: a 10 M-event dump drawn as HTML; build time, size, first paint.
+    fn report(&mut self, target: &Path) -> Result<()> {
+        let events = self.opts.events;
+        println!("{TAG} HTML report of a {events}-event dump");
+        let dump_dir = self.scratch.join("report-dump");
+        let _ = fs::remove_dir_all(&dump_dir);
+        let mut c = Command::new(target.join("release/examples/replay"));
+        c.args(["--events", &events.to_string(), "--writer", "csv", "--out"])
+            .arg(&dump_dir);
+        self.exec(c)?;
+        let dump_bytes: u64 = walk_files(&dump_dir)
+            .iter()
+            .filter_map(|p| fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        let page = self.scratch.join("report-10m.html");
+        let rounds = self.opts.rounds.min(3);
+        let chrome = ["chromium", "chromium-browser"].into_iter().find(|c| {
+            Command::new("which")
+                .arg(c)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        for round in 0..rounds {
+            let t = Instant::now();
+            let mut c = Command::new(target.join("release/memscope-bpf"));
+            c.args(["report", "-q", "-i"])
+                .arg(&dump_dir)
+                .arg("-o")
+                .arg(&page);
+            self.exec(c)?;
+            let build_s = t.elapsed().as_secs_f64();
+            let size = fs::metadata(&page)?.len() as f64;
+            self.sample("report", "10m", "html", round, "build_s", build_s);
+            self.sample("report", "10m", "html", round, "bytes", size);
+            let Some(chrome) = chrome else {
+                self.notes
+                    .push("report: no chromium on PATH, first paint not measured".into());
+                continue;
+            };
+            let profile = self.scratch.join("report-chrome");
+            let t = Instant::now();
+            let mut c = Command::new(chrome);
+            c.args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1400,2600",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!("file://{}", page.display()));
+            let out = self.exec(c)?;
+            let wall_s = t.elapsed().as_secs_f64();
+            let paint_ms = out
+                .stdout
+                .split("first_paint_ms&quot;:")
+                .chain(out.stdout.split("first_paint_ms\":"))
+                .nth(1)
+                .and_then(|r| r.split(['}', ',']).next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(f64::NAN);
+            println!(
+                "{TAG}   build {build_s:.2} s, {:.2} MiB, first paint {paint_ms:.0} ms (chromium wall {wall_s:.2} s)",
+                size / (1 << 20) as f64
+            );
+            self.sample("report", "10m", "html", round, "first_paint_ms", paint_ms);
+            self.sample("report", "10m", "html", round, "chromium_wall_s", wall_s);
+        }
+        let _ = fs::remove_dir_all(&dump_dir);
+        let m = |k: &str| median(&self.values("report", "10m", "html", k));
+        let mut md = String::new();
+        writeln!(md, "## HTML report of a {events}-event dump\n")?;
+        writeln!(
+            md,
+            "The replay example's CSV dump ({:.0} MiB, {events} events) drawn by \
+             `memscope-bpf report` (release), {rounds} rounds, median. First paint: the page's \
+             own measure, from its first script line until every chart is drawn (the self-check \
+             the tests read); chromium wall: `chromium --headless --dump-dom` from start to exit.\n",
+            dump_bytes as f64 / (1 << 20) as f64
+        )?;
+        writeln!(
+            md,
+            "| build s | page MiB | first paint ms | chromium wall s |"
+        )?;
+        writeln!(md, "|---:|---:|---:|---:|")?;
+        writeln!(
+            md,
+            "| {:.2} | {:.2} | {:.0} | {:.2} |",
+            m("build_s"),
+            m("bytes") / (1 << 20) as f64,
+            m("first_paint_ms"),
+            m("chromium_wall_s")
+        )?;
+        writeln!(md, "\nGoal: under 10 MB, first paint under 3 s.\n")?;
+        self.md.push_str(&md);
+        Ok(())
+    }
+
     /// The issue's goals against this run (and the previous run's results.json, if any).
     fn summary(&self, prev: &str) -> Result<String> {
         let cur = |sec: &str, w: &str, c: &str, m: &str| median(&self.values(sec, w, c, m));
@@ -1841,4 +1947,21 @@ fn machine_info() -> Vec<(&'static str, String)> {
         ),
         ("bpftrace", out(Command::new("bpftrace").arg("--version"))),
     ]
+}
+
+/// Every regular file under `dir`.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(t) if t.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out
 }

@@ -47,6 +47,8 @@ pub fn run(repo: &Path) -> Result<u8> {
     trace
         .current_dir(repo)
         .arg(format!("--output-path={}", out_dir.display()))
+        // The HTML report of the run, in the process directory (open it in a browser).
+        .arg("--report")
         .arg("--")
         .arg(&workload);
     println!("{TAG} + {}", cmd::describe(&trace));

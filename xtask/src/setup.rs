@@ -52,6 +52,7 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
         Ok(detail)
     })?;
     step("host tools", host_tools)?;
+    step("chromium", chromium)?;
     step("C fixtures", || fixtures(repo))?;
     if crate::torch_bed::enabled() {
         step("torch test bed", || crate::torch_bed::prepare(repo))?;
@@ -369,6 +370,36 @@ fn host_tools() -> Result<String> {
         bail!("missing on PATH: {}", missing.join(", "));
     }
     Ok(HOST_TOOLS.map(|t| t.0).join(", "))
+}
+
+/// Headless Chromium renders the HTML report in probe-user/tests/report.rs (and the bench
+/// measures its first paint). Debian's package; installed with apt when missing and root.
+fn chromium() -> Result<String> {
+    if let Some(p) = which("chromium") {
+        return Ok(format!("{} already installed", p.display()));
+    }
+    if crate::effective_uid() != Some(0) {
+        bail!(
+            "chromium is not on PATH (Debian package chromium; the report tests render pages \
+             in it); install it with `sudo apt-get install chromium` or run setup as root"
+        );
+    }
+    let mut install = Command::new("apt-get");
+    install.env("DEBIAN_FRONTEND", "noninteractive").args([
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "chromium",
+    ]);
+    if cmd::output(&mut install).is_err() {
+        // A fresh container has no package lists yet.
+        cmd::output(Command::new("apt-get").arg("update"))?;
+        cmd::output(&mut install)?;
+    }
+    match which("chromium") {
+        Some(p) => Ok(format!("installed {}", p.display())),
+        None => bail!("apt-get installed chromium but it is not on PATH"),
+    }
 }
 
 fn fixtures(repo: &Path) -> Result<String> {
