@@ -646,11 +646,11 @@ fn write_inefficient_csv(
 ) -> Result<()> {
     use std::io::Write;
     let dir = out.ensure_dir()?;
-    let path = dir.join(format!(
-        "inefficient_{}.csv",
-        crate::output::local_timestamp()
-    ));
-    let mut f = std::io::BufWriter::new(crate::output::fsutil::create_file_secure(&path)?);
+    let (_, f) = dir.create_unique_file(
+        &format!("inefficient_{}", crate::output::local_timestamp()),
+        ".csv",
+    )?;
+    let mut f = std::io::BufWriter::new(f);
     writeln!(f, "Process Id,Allocation Id,Inefficient Type")?;
     for (id, types) in flagged {
         writeln!(f, "{pid},{id},\"{types}\"")?;

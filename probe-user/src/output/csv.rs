@@ -238,12 +238,18 @@ struct DeviceFile {
 /// Everything written for one traced process.
 pub struct ProcessOutput {
     output_root: PathBuf,
+    /// `msmemscope_<pid>_<ts>`; `_ascend` (after a `_<n>` when the name is taken) completes it.
+    dir_stem: String,
+    /// The process directory once created (the path it was created at, for messages,
+    /// before that).
     process_dir: PathBuf,
+    dir: Option<fsutil::Dir>,
+    /// `device_<d>/dump` directories opened so far.
+    dump_dirs: Vec<(DeviceKey, fsutil::Dir)>,
     config_json: String,
     format: DataFormat,
     /// msMemScope stamps every db of a process with one timestamp.
     db_stamp: String,
-    created: bool,
     /// Sorted by device; a handful at most, so a scan beats a map on every row.
     files: Vec<(DeviceKey, DeviceFile)>,
     /// Rows not tied to a device, copied into each device file (also ones created later).
@@ -266,14 +272,16 @@ impl ProcessOutput {
         format: DataFormat,
     ) -> Self {
         let stamp = local_timestamp();
-        let process_dir = output_root.join(format!("msmemscope_{pid}_{stamp}_ascend"));
+        let dir_stem = format!("msmemscope_{pid}_{stamp}");
         ProcessOutput {
             output_root: output_root.to_path_buf(),
-            process_dir,
+            process_dir: output_root.join(format!("{dir_stem}_ascend")),
+            dir_stem,
+            dir: None,
+            dump_dirs: Vec::new(),
             config_json,
             format,
             db_stamp: stamp,
-            created: false,
             files: Vec::new(),
             na_rows: Vec::new(),
             next_id: 0,
@@ -281,6 +289,7 @@ impl ProcessOutput {
         }
     }
 
+    /// Where the process directory is (once created; where it would go before).
     pub fn process_dir(&self) -> &Path {
         &self.process_dir
     }
@@ -294,45 +303,42 @@ impl ProcessOutput {
         self.files.iter().map(|(_, f)| f.path.clone()).collect()
     }
 
-    fn ensure_process_dir(&mut self) -> Result<()> {
-        if self.created {
-            return Ok(());
+    /// The process directory, created (under a name no other run has, with config.json) if
+    /// needed.
+    pub fn ensure_dir(&mut self) -> Result<fsutil::Dir> {
+        if let Some(d) = &self.dir {
+            return Ok(d.clone());
         }
-        fsutil::create_dir_secure(&self.output_root, &self.process_dir)?;
-        let mut cfg = fsutil::create_file_secure(&self.process_dir.join("config.json"))?;
-        cfg.write_all(self.config_json.as_bytes())?;
-        self.created = true;
-        Ok(())
-    }
-
-    /// `<process dir>/<rel>`, created on demand (with the process directory and config.json).
-    /// The process directory, created (with config.json) if needed.
-    pub fn ensure_dir(&mut self) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
-        Ok(self.process_dir.clone())
-    }
-
-    pub fn subdir(&mut self, rel: &str) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
-        let dir = self.process_dir.join(rel);
-        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        let root = fsutil::Dir::open_root(&self.output_root)?;
+        let dir = root.create_unique_dir(&self.dir_stem, "_ascend")?;
+        let (path, mut cfg) = dir.create_file("config.json")?;
+        cfg.write_all(self.config_json.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        self.process_dir = dir.path().to_path_buf();
+        self.dir = Some(dir.clone());
         Ok(dir)
     }
 
+    /// `<process dir>/<rel>` (one name), created on demand (with the process directory).
+    pub fn subdir(&mut self, rel: &str) -> Result<fsutil::Dir> {
+        self.ensure_dir()?.open_or_create_dir(rel)
+    }
+
     /// Opens a new dump file in `dir` in the configured format and writes `rows` into it.
-    fn open_dump(&self, dir: &Path, rows: &[(u64, Row)]) -> Result<DeviceFile> {
+    fn open_dump(&self, dir: &fsutil::Dir, rows: &[(u64, Row)]) -> Result<DeviceFile> {
         let (path, mut sink) = match self.format {
             DataFormat::Csv => {
-                let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
-                let file = fsutil::create_file_secure(&path)?;
+                let (path, file) = dir
+                    .create_unique_file(&format!("memscope_dump_{}", local_timestamp()), ".csv")?;
                 let mut out = CsvFile::new(file);
                 out.buf.extend_from_slice(CSV_HEADER.as_bytes());
                 out.buf.push(b'\n');
                 (path, Sink::Csv(out))
             }
             DataFormat::Db => {
-                let path = dir.join(format!("memscope_dump_{}.db", self.db_stamp));
-                let db = DbWriter::create(&path)?;
+                let name = format!("memscope_dump_{}.db", self.db_stamp);
+                let db = DbWriter::create_in(dir, &name)?;
+                let path = db.path().to_path_buf();
                 (path, Sink::Db(db))
             }
         };
@@ -344,13 +350,18 @@ impl ProcessOutput {
     }
 
     /// A directory for per-device side files (leak reports), created on demand.
-    pub fn device_dump_dir(&mut self, device: DeviceKey) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
+    pub fn device_dump_dir(&mut self, device: DeviceKey) -> Result<fsutil::Dir> {
+        if let Some((_, d)) = self.dump_dirs.iter().find(|(k, _)| *k == device) {
+            return Ok(d.clone());
+        }
         let name = device
             .dir_name()
             .unwrap_or_else(|| "device_N-A".to_string());
-        let dir = self.process_dir.join(name).join("dump");
-        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        let dir = self
+            .ensure_dir()?
+            .open_or_create_dir(&name)?
+            .open_or_create_dir("dump")?;
+        self.dump_dirs.push((device, dir.clone()));
         Ok(dir)
     }
 

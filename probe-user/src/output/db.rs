@@ -56,6 +56,8 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_millis(5000);
 /// One open dump database.
 pub struct DbWriter {
     path: PathBuf,
+    /// Keeps open the descriptor SQLite reaches the file (and its -wal) through.
+    _dir: fsutil::Dir,
     conn: Connection,
     /// Rows inserted since the last commit (a transaction is open when > 0).
     pending: usize,
@@ -63,12 +65,17 @@ pub struct DbWriter {
 }
 
 impl DbWriter {
-    /// Creates a new database file (mode 0640, never through a symlink or over an existing
-    /// file) with the dump table.
-    pub fn create(path: &Path) -> Result<Self> {
-        drop(fsutil::create_file_secure(path)?);
-        let conn = Connection::open(path)
+    /// Creates the new database file `name` in `dir` (mode 0640, never through a symlink or
+    /// over an existing file) with the dump table.
+    pub fn create_in(dir: &fsutil::Dir, name: &str) -> Result<Self> {
+        let (path, file) = dir.create_file(name)?;
+        drop(file);
+        // SQLite takes a path: one through our descriptor of `dir` reaches that very
+        // directory (and puts the -wal and -shm files next to the db) even if its path
+        // has been swapped for a symlink since.
+        let conn = Connection::open(dir.fd_path(name))
             .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        let path = path.as_path();
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(BUSY_TIMEOUT)?;
             let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
@@ -84,6 +91,7 @@ impl DbWriter {
         setup().with_context(|| format!("cannot set up SQLite database {}", path.display()))?;
         Ok(DbWriter {
             path: path.to_path_buf(),
+            _dir: dir.clone(),
             conn,
             pending: 0,
             committed: 0,
@@ -168,7 +176,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("memscope_dump_1.db");
-        let mut w = DbWriter::create(&path).unwrap();
+        let out = fsutil::Dir::open_root(&dir).unwrap();
+        let mut w = DbWriter::create_in(&out, "memscope_dump_1.db").unwrap();
         let row = Row {
             event: "MALLOC",
             event_type: "HAL",
@@ -226,7 +235,10 @@ mod tests {
         assert_eq!(cols[0].1, "INTEGER");
         assert_eq!(cols[4].1, "INTEGER");
         assert_eq!(cols[9].1, "TEXT");
-        assert!(DbWriter::create(&path).is_err(), "never reuses a file");
+        assert!(
+            DbWriter::create_in(&out, "memscope_dump_1.db").is_err(),
+            "never reuses a file"
+        );
         drop(w);
         std::fs::remove_dir_all(&dir).unwrap();
     }

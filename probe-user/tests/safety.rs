@@ -1,0 +1,256 @@
+//! Safe under attack and failure (issue 15): what a careless or hostile user can do to a
+//! tracer that runs as root, and faults of the machine (a full disk, a killed tracer).
+//! Most of these need root (to own files as another user, mount a tmpfs, load BPF); without
+//! it they print SKIPPED.
+
+mod common;
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use common::{TRACER, find_files, scratch};
+use memscope_bpf::output::csv::CSV_HEADER;
+
+/// The unprivileged user the attacks run as.
+const NOBODY: u32 = 65534;
+
+fn is_root(test: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: needs root (acts as another user)");
+    println!("SKIPPED {test}: needs root");
+    false
+}
+
+fn chown(p: &Path, uid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// A root-only directory with one file: what the attacker wants us to write into or chmod.
+fn victim(dir: &Path) -> PathBuf {
+    let v = dir.join("victim");
+    fs::create_dir(&v).unwrap();
+    fs::write(v.join("secret"), "root only\n").unwrap();
+    fs::set_permissions(&v, fs::Permissions::from_mode(0o700)).unwrap();
+    v
+}
+
+fn assert_untouched(v: &Path) {
+    assert_eq!(mode(v), 0o700, "victim directory mode changed");
+    let names: Vec<String> = fs::read_dir(v)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["secret"], "something was written into the victim");
+    assert_eq!(mode(&v.join("secret")), 0o644);
+}
+
+/// A dump with one HAL block never freed (pid 77): `analyze` writes a process directory.
+fn leaky_dump(dir: &Path) -> PathBuf {
+    let p = dir.join("memscope_dump_1.csv");
+    fs::write(
+        &p,
+        format!(
+            "{CSV_HEADER}\n\
+             0,MALLOC,HAL,N/A,10,77,78,0,0x0000124000000000,\"{{allocation_id:1,addr:0x0000124000000000,size:4096,used:4096,page_type:normal,alloc_type:alloc}}\",,\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn analyze(dump: &Path, out: &Path, sudo_uid: Option<u32>) -> std::process::Output {
+    let mut cmd = Command::new(TRACER);
+    cmd.arg("analyze")
+        .arg(format!("--input-path={}", dump.display()))
+        .arg("-o")
+        .arg(out);
+    match sudo_uid {
+        Some(u) => cmd
+            .env("SUDO_UID", u.to_string())
+            .env("SUDO_GID", u.to_string()),
+        None => cmd.env_remove("SUDO_UID").env_remove("SUDO_GID"),
+    };
+    cmd.output().expect("run memscope-bpf")
+}
+
+fn stderr_of(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A scratch directory other users can traverse.
+fn open_scratch(name: &str) -> PathBuf {
+    let d = scratch(name);
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+#[test]
+fn symlinked_or_foreign_output_root_is_refused() {
+    if !is_root("symlinked_or_foreign_output_root_is_refused") {
+        return;
+    }
+    let dir = open_scratch("safety-root");
+    let v = victim(&dir);
+    let dump = leaky_dump(&dir);
+    // The user's own directory, where they planted links to the victim.
+    let home = dir.join("home");
+    fs::create_dir(&home).unwrap();
+    chown(&home, NOBODY);
+    let link = home.join("memscopeDumpResults");
+    std::os::unix::fs::symlink(&v, &link).unwrap();
+    chown(&link, NOBODY);
+    let mid = home.join("mid");
+    std::os::unix::fs::symlink(&v, &mid).unwrap();
+    chown(&mid, NOBODY);
+    for out in [link.clone(), mid.join("sub")] {
+        let o = analyze(&dump, &out, Some(NOBODY));
+        let err = stderr_of(&o);
+        assert_eq!(o.status.code(), Some(2), "-o {}: {err}", out.display());
+        assert!(err.contains("refusing to follow symlink"), "{err}");
+        assert_untouched(&v);
+    }
+    // A directory of another user, run by root without sudo on that user's behalf.
+    let o = analyze(&dump, &home, None);
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("owned by uid 65534"), "{err}");
+    assert!(find_files(&home, "leaks_").is_empty());
+    // Run for that user (sudo), it is theirs to write into.
+    let o = analyze(&dump, &home, Some(NOBODY));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert_eq!(find_files(&home, "leaks_").len(), 1);
+    // A symlink of root's own is followed.
+    let real = dir.join("real");
+    fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.join("rootlink")).unwrap();
+    let o = analyze(&dump, &dir.join("rootlink/out"), None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert_eq!(find_files(&real.join("out"), "leaks_").len(), 1);
+    assert_untouched(&v);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn analyze_twice_in_one_second_writes_two_directories() {
+    let dir = scratch("safety-twice");
+    let dump = leaky_dump(&dir);
+    let out = dir.join("out");
+    // Four runs back to back: at least two share a second.
+    for _ in 0..4 {
+        let o = analyze(&dump, &out, None);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    }
+    let leaks = find_files(&out, "leaks_");
+    assert_eq!(leaks.len(), 4, "{leaks:?}");
+    let dirs: std::collections::BTreeSet<_> = leaks
+        .iter()
+        .map(|p| p.ancestors().nth(3).unwrap().to_path_buf())
+        .collect();
+    assert_eq!(dirs.len(), 4, "{dirs:?}");
+    for d in &dirs {
+        let name = d.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("msmemscope_77_") && name.ends_with("_ascend"),
+            "{name}"
+        );
+        assert!(d.join("config.json").is_file());
+    }
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The attacker owns the output directory (the tracer runs under `sudo` for them) and swaps
+/// each freshly created `msmemscope_*` directory for a symlink to a root-only directory, from
+/// an inotify watcher running as that user.
+#[test]
+fn swapped_result_directory_is_not_followed() {
+    if !is_root("swapped_result_directory_is_not_followed") {
+        return;
+    }
+    const RUNS: usize = 30;
+    let dir = open_scratch("safety-race");
+    let v = victim(&dir);
+    let dump = leaky_dump(&dir);
+    let out = dir.join("out");
+    fs::create_dir(&out).unwrap();
+    chown(&out, NOBODY);
+    let watcher = dir.join("swap_watcher");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&watcher)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/safety/swap_watcher.c"))
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mut child = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--no-new-privs",
+        ])
+        .arg(&watcher)
+        .arg(&out)
+        .arg(&v)
+        .arg(RUNS.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run setpriv");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "watching");
+    let mut failures = Vec::new();
+    for _ in 0..RUNS {
+        let o = analyze(&dump, &out, Some(NOBODY));
+        if o.status.code() != Some(0) {
+            failures.push(stderr_of(&o));
+        }
+    }
+    let _ = fs::write(out.join("stop"), "");
+    let status = child.wait().unwrap();
+    let swaps = lines
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("swapped"))
+        .count();
+    assert!(status.success());
+    assert_untouched(&v);
+    // The watcher swapped directories away (it stops after RUNS swaps; a run whose directory
+    // went before we opened it makes another), and every run wrote into a directory of its
+    // own wherever that went: root's, mode 0750.
+    assert_eq!(
+        swaps, RUNS,
+        "the watcher swapped {swaps} of {RUNS} directories"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} run(s) failed: {failures:?}",
+        failures.len()
+    );
+    assert_eq!(find_files(&out, "leaks_").len(), RUNS);
+    let mut written_in_moved = 0;
+    for k in 0..RUNS {
+        let moved = out.join(format!("moved-{k}"));
+        assert_eq!(fs::symlink_metadata(&moved).unwrap().uid(), 0);
+        assert_eq!(mode(&moved), 0o750);
+        if moved.join("config.json").is_file() {
+            written_in_moved += 1;
+        }
+    }
+    eprintln!("{written_in_moved} of {RUNS} runs kept writing into their moved directory");
+    assert!(written_in_moved > 0);
+    fs::remove_dir_all(&dir).unwrap();
+}
