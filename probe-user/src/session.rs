@@ -72,6 +72,8 @@ pub struct SessionResult {
     pub leaks: Vec<ProcessLeaks>,
     pub counters: Counters,
     pub events: u64,
+    /// What could not be written, over all processes.
+    pub write_loss: crate::output::csv::WriteLoss,
     /// The loaded programs, still attached: `Bpf::detach_in_background` once output is done.
     pub bpf: Bpf,
 }
@@ -265,7 +267,12 @@ impl Session {
                 )
             })
             .collect();
+        let mut write_loss = crate::output::csv::WriteLoss::default();
+        for t in self.procs.values() {
+            write_loss.add(t.out.loss());
+        }
         Ok(SessionResult {
+            write_loss,
             end,
             child_status: self.child_status,
             processes,
@@ -519,7 +526,10 @@ impl Session {
         if self.cfg.leaks && !blocks.is_empty() {
             match leaks::write_leak_files(&mut t.out, pid, &blocks) {
                 Ok(f) => files = f,
-                Err(e) => log::error(&format!("cannot write the leak report of pid {pid}: {e:#}")),
+                Err(e) => {
+                    log::error(&format!("cannot write the leak report of pid {pid}: {e:#}"));
+                    t.out.note_failure(&e);
+                }
             }
         }
         if self.cfg.track.inefficient {
@@ -542,6 +552,7 @@ impl Session {
                     log::error(&format!(
                         "cannot write the inefficient report of pid {pid}: {e:#}"
                     ));
+                    t.out.note_failure(&e);
                 }
             }
         }
@@ -556,9 +567,12 @@ impl Session {
                         log::info(&format!("  {line}"));
                     }
                 }
-                Err(e) => log::error(&format!(
-                    "cannot write the decompose report of pid {pid}: {e:#}"
-                )),
+                Err(e) => {
+                    log::error(&format!(
+                        "cannot write the decompose report of pid {pid}: {e:#}"
+                    ));
+                    t.out.note_failure(&e);
+                }
             }
         }
         if let Err(e) = t.out.finish() {

@@ -254,3 +254,182 @@ fn swapped_result_directory_is_not_followed() {
     assert!(written_in_moved > 0);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A full disk
+// ---------------------------------------------------------------------------------------------
+
+/// A small tmpfs, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs at {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The dump CSV of the only process directory under `out`: checks it is whole (header, every
+/// record 12 fields, ends with a newline) and returns its rows.
+fn whole_dump(out: &Path) -> (PathBuf, Vec<common::DumpRow>) {
+    let dumps = find_files(out, "memscope_dump_");
+    assert_eq!(dumps.len(), 1, "{dumps:?}");
+    let text = fs::read_to_string(&dumps[0]).unwrap();
+    assert!(
+        text.ends_with('\n'),
+        "the CSV ends mid-row: {:?}",
+        &text[text.len().saturating_sub(80)..]
+    );
+    for r in common::parse_dump_records(&text) {
+        assert_eq!(r.len(), 12, "{r:?}");
+    }
+    let rows = common::parse_dump(&dumps[0]);
+    (dumps[0].clone(), rows)
+}
+
+/// Rows the workload's log says it caused: its HAL calls and mstx marks/ranges, plus its one
+/// aclInit and one aclFinalize (SYSTEM rows).
+fn expected_rows(gt: &common::GroundTruth) -> u64 {
+    (gt.of("MALLOC").len()
+        + gt.of("FREE").len()
+        + gt.marks.len()
+        + gt.range_starts.len()
+        + gt.range_ends
+        + 2) as u64
+}
+
+/// The number after `but ` in the summary `N events, but M row(s) could not be written`.
+fn rows_lost(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.split_once(", but ")?
+                .1
+                .split_once(" row(s) could not be written")
+        })
+        .map(|(n, _)| n.parse().unwrap())
+        .unwrap_or_else(|| panic!("no loss summary in {stderr}"))
+}
+
+#[test]
+fn full_disk_mid_run_keeps_rows_whole_and_reports_the_loss() {
+    if !common::require_root("full_disk_mid_run_keeps_rows_whole_and_reports_the_loss") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-full");
+    let mnt = Tmpfs::mount(&dir.join("mnt"), "256k");
+    let log = dir.join("gt.log");
+    let out = common::run_tracer(&[
+        "-o",
+        mnt.0.to_str().unwrap(),
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--steps",
+        "20",
+        "--allocs",
+        "100",
+        "--leaks",
+        "0",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    // One error when writing starts to fail, not one per row.
+    let reported = err.lines().filter(|l| l.contains("No space left")).count();
+    assert_eq!(reported, 2, "the error and the summary only:\n{err}");
+    assert!(!err.contains("none lost"), "{err}");
+    let (dump, rows) = whole_dump(&mnt.0);
+    let gt = common::parse_log(&log);
+    let lost = rows_lost(&err);
+    assert!(
+        lost > 0 && !rows.is_empty(),
+        "{lost} lost, {} written",
+        rows.len()
+    );
+    assert_eq!(rows.len() as u64 + lost, expected_rows(&gt));
+    // The rows that made it are the workload's first calls, in order.
+    let hal: Vec<(String, u64)> = rows
+        .iter()
+        .filter(|r| r.event_type == "HAL")
+        .map(|r| (r.event.clone(), r.addr()))
+        .collect();
+    let gt_hal: Vec<(String, u64)> = gt
+        .blocks
+        .iter()
+        .filter(|b| b.kind == "MALLOC" || b.kind == "FREE")
+        .map(|b| (b.kind.clone(), b.addr))
+        .take(hal.len())
+        .collect();
+    assert_eq!(hal, gt_hal);
+    // Our own reader takes the cut file.
+    let a = analyze(&dump, &dir.join("analysis"), None);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr_of(&a));
+    drop(mnt);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn writing_resumes_when_space_returns() {
+    if !common::require_root("writing_resumes_when_space_returns") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-recover");
+    let mnt = Tmpfs::mount(&dir.join("mnt"), "512k");
+    // Fill it up (the tracer's own up-front check needs only an empty file).
+    let filler = mnt.0.join("filler");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(Stdio::null())
+        .status();
+    let log = dir.join("gt.log");
+    let stop = dir.join("stop");
+    let mut bg = common::Background::spawn(&[
+        "-o",
+        mnt.0.to_str().unwrap(),
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--loop-ms",
+        "120000",
+        "--stop-file",
+        stop.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    bg.wait_for("No space left", 90);
+    fs::remove_file(&filler).unwrap();
+    bg.wait_for("writing again", 60);
+    fs::write(&stop, "").unwrap();
+    let (code, err) = bg.finish();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("but were retried: every row is in the files"),
+        "{err}"
+    );
+    let (_, rows) = whole_dump(&mnt.0);
+    let gt = common::parse_log(&log);
+    assert_eq!(rows.len() as u64, expected_rows(&gt), "{err}");
+    drop(mnt);
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -62,6 +62,8 @@ pub struct DbWriter {
     /// Rows inserted since the last commit (a transaction is open when > 0).
     pending: usize,
     committed: u64,
+    /// Rows of transactions that failed (rolled back), not yet taken by the owner.
+    lost: u64,
 }
 
 impl DbWriter {
@@ -95,6 +97,7 @@ impl DbWriter {
             conn,
             pending: 0,
             committed: 0,
+            lost: 0,
         })
     }
 
@@ -107,13 +110,36 @@ impl DbWriter {
         self.committed
     }
 
+    /// Rows lost to failed transactions since the last call.
+    pub fn take_lost(&mut self) -> u64 {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// A write failed: the open transaction (SQLite may have rolled it back already) is
+    /// given up and its rows counted as lost; the database keeps every committed row.
+    fn abandon(&mut self) {
+        let _ = self.conn.execute_batch("ROLLBACK");
+        self.lost += self.pending as u64;
+        self.pending = 0;
+    }
+
     /// Inserts one row (inside the open transaction; commits every [`COMMIT_EVERY_ROWS`]).
+    /// On failure the open transaction's rows are lost (see [`take_lost`](Self::take_lost)).
     pub fn insert(&mut self, id: u64, row: &Row) -> Result<()> {
+        let r = self.try_insert(id, row);
+        if r.is_err() {
+            self.abandon();
+        }
+        r
+    }
+
+    fn try_insert(&mut self, id: u64, row: &Row) -> Result<()> {
         if self.pending == 0 {
             self.conn
                 .execute_batch("BEGIN")
                 .with_context(|| format!("cannot write {}", self.path.display()))?;
         }
+        // Counted before the insert: a failed one is lost with its transaction.
         let ptr = match row.ptr {
             Some(p) => format!("0x{p:016x}"),
             None => "N/A".to_string(),
@@ -137,13 +163,21 @@ impl DbWriter {
         self.pending += 1;
         result.with_context(|| format!("cannot write {}", self.path.display()))?;
         if self.pending >= COMMIT_EVERY_ROWS {
-            self.commit()?;
+            self.try_commit()?;
         }
         Ok(())
     }
 
-    /// Commits the open transaction, if any.
+    /// Commits the open transaction, if any (its rows are lost when that fails).
     pub fn commit(&mut self) -> Result<()> {
+        let r = self.try_commit();
+        if r.is_err() {
+            self.abandon();
+        }
+        r
+    }
+
+    fn try_commit(&mut self) -> Result<()> {
         if self.pending == 0 {
             return Ok(());
         }

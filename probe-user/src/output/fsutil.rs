@@ -309,6 +309,18 @@ impl Dir {
         Ok(())
     }
 
+    /// Removes the empty directory `name` from this directory.
+    pub fn remove_dir(&self, name: &str) -> Result<()> {
+        check_name(name)?;
+        let c = cstr(name)?;
+        // SAFETY: `c` is NUL-terminated.
+        if unsafe { libc::unlinkat(self.fd(), c.as_ptr(), libc::AT_REMOVEDIR) } != 0 {
+            return Err(io::Error::last_os_error())
+                .with_context(|| format!("cannot remove {}", self.path.join(name).display()));
+        }
+        Ok(())
+    }
+
     /// Gives this directory (not what it contains) to `uid:gid`.
     pub fn chown(&self, uid: u32, gid: u32) -> io::Result<()> {
         // SAFETY: plain syscall on a descriptor we own.
