@@ -24,5 +24,6 @@ pub mod pools;
 pub mod probes;
 pub mod session;
 pub mod stacks;
+pub mod target;
 pub mod tracefs;
 pub mod tracker;

@@ -102,9 +102,21 @@ fn run(opts: Options) -> Result<u8> {
                         program.to_string_lossy()
                     ))
                 })?;
+            memscope_bpf::target::check_executable(&resolved).map_err(usage)?;
             let mut argv: Vec<OsString> = vec![program.clone()];
             argv.extend(args.iter().cloned());
             Some((resolved, argv))
+        }
+        _ => None,
+    };
+    // `--pid` of a thread means its process; pid 1 and kernel threads are refused.
+    let attach_pid = match &opts.mode {
+        Mode::Attach { pid } => {
+            let (pid, note) = memscope_bpf::target::attach_pid(*pid).map_err(usage)?;
+            if let Some(note) = note {
+                log::warn(&note);
+            }
+            Some(pid)
         }
         _ => None,
     };
@@ -166,8 +178,8 @@ fn run(opts: Options) -> Result<u8> {
             gated.release()?;
             Some(pid)
         }
-        (Mode::Attach { pid }, _) => {
-            let pid = *pid;
+        (Mode::Attach { .. }, _) => {
+            let pid = attach_pid.expect("resolved above");
             bpf.trace_process(pid)?;
             planner
                 .plan_process(&mut bpf, pid)

@@ -433,3 +433,152 @@ fn writing_resumes_when_space_returns() {
     drop(mnt);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// What to trace
+// ---------------------------------------------------------------------------------------------
+
+/// Runs the tracer, killed after `secs` (the old code attached to pid 1 and waited forever).
+fn run_tracer_bounded(args: &[&str], secs: u64) -> (Option<i32>, String) {
+    let child = Command::new(TRACER)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        // SAFETY: plain kill(2) of our child (a no-op error if it has been reaped).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(killer);
+    (out.status.code(), stderr_of(&out))
+}
+
+/// A kernel thread, found without the tracer's help: kthreadd (pid 2) or one of its children.
+fn a_kernel_thread() -> Option<u32> {
+    let is_kthreadd = |p: u32| {
+        fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kthreadd")
+    };
+    if is_kthreadd(2) {
+        return Some(2);
+    }
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?.trim();
+        (ppid == "2" && fs::read(format!("/proc/{pid}/cmdline")).ok()?.is_empty()).then_some(pid)
+    })
+}
+
+#[test]
+fn pid_1_and_kernel_threads_are_refused_before_tracing() {
+    let (code, err) = run_tracer_bounded(&["--pid", "1"], 30);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("refusing --pid 1: that is init"), "{err}");
+    match a_kernel_thread() {
+        Some(k) => {
+            let (code, err) = run_tracer_bounded(&["--pid", &k.to_string()], 30);
+            assert_eq!(code, Some(2), "{err}");
+            assert!(err.contains("is a kernel thread"), "{err}");
+        }
+        None => eprintln!("SKIPPED the kernel-thread half: no kernel thread visible here"),
+    }
+}
+
+#[test]
+fn program_that_cannot_be_executed_is_refused_before_tracing() {
+    let dir = scratch("safety-noexec");
+    let script = dir.join("not-executable.sh");
+    fs::write(&script, "#!/bin/sh\necho ran > \"$0.ran\"\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, err) = run_tracer_bounded(
+        &[
+            "-o",
+            dir.join("out").to_str().unwrap(),
+            "--",
+            script.to_str().unwrap(),
+        ],
+        60,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not executable"), "{err}");
+    // Refused before anything else: no BPF (its messages), no output directory.
+    assert!(!err.contains("tracing"), "{err}");
+    assert!(!dir.join("out").exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn thread_id_given_to_pid_traces_its_process() {
+    if !common::require_root("thread_id_given_to_pid_traces_its_process") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-tid");
+    let so = dir.join("extra_thread.so");
+    let cc = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-pthread", "-o"])
+        .arg(&so)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/safety/extra_thread.c"))
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let tid_file = dir.join("tid");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(common::bin("workload"))
+        .args(["--wait-file", go.to_str().unwrap(), "--steps", "2", "--log"])
+        .arg(&log)
+        .env("LD_PRELOAD", &so)
+        .env("EXTRA_THREAD_TID_FILE", &tid_file)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tid: u32 = loop {
+        if let Ok(t) = fs::read_to_string(&tid_file) {
+            break t.trim().parse().unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "no thread id written");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pid = target.id();
+    assert_ne!(tid, pid);
+    let mut tracer =
+        common::Background::spawn(&["--pid", &tid.to_string(), "-o", out_dir.to_str().unwrap()]);
+    tracer.wait_for("attached to pid", 90);
+    assert!(
+        tracer
+            .seen_line("is a thread of process")
+            .contains(&format!("{tid} is a thread of process {pid}")),
+    );
+    assert!(
+        tracer
+            .seen_line("attached to pid")
+            .contains(&format!("pid {pid}"))
+    );
+    fs::write(&go, "").unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, err) = tracer.finish();
+    assert_eq!(code, Some(0), "{err}");
+    let gt = common::parse_log(&log);
+    let rows = common::rows_of(&out_dir, pid);
+    assert_eq!(
+        common::memory_rows(&rows, "MALLOC"),
+        common::gt_rows(&gt, &["MALLOC"])
+    );
+    assert_eq!(
+        common::memory_rows(&rows, "FREE"),
+        common::gt_rows(&gt, &["FREE"])
+    );
+    assert!(!gt.of("MALLOC").is_empty());
+    fs::remove_dir_all(&dir).unwrap();
+}
