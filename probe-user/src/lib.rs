@@ -27,6 +27,7 @@ pub mod probes;
 pub mod report;
 pub mod session;
 pub mod stacks;
+pub mod target;
 pub mod torch_npu;
 pub mod tracefs;
 pub mod tracker;

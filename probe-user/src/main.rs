@@ -115,9 +115,21 @@ fn run(opts: Options) -> Result<u8> {
                         program.to_string_lossy()
                     ))
                 })?;
+            memscope_bpf::target::check_executable(&resolved).map_err(usage)?;
             let mut argv: Vec<OsString> = vec![program.clone()];
             argv.extend(args.iter().cloned());
             Some((resolved, argv))
+        }
+        _ => None,
+    };
+    // `--pid` of a thread means its process; pid 1 and kernel threads are refused.
+    let attach_pid = match &opts.mode {
+        Mode::Attach { pid } => {
+            let (pid, note) = memscope_bpf::target::attach_pid(*pid).map_err(usage)?;
+            if let Some(note) = note {
+                log::warn(&note);
+            }
+            Some(pid)
         }
         _ => None,
     };
@@ -184,8 +196,8 @@ fn run(opts: Options) -> Result<u8> {
             gated.release()?;
             Some(pid)
         }
-        (Mode::Attach { pid }, _) => {
-            let pid = *pid;
+        (Mode::Attach { .. }, _) => {
+            let pid = attach_pid.expect("resolved above");
             bpf.trace_process(pid)?;
             planner
                 .plan_process(&mut bpf, pid)
@@ -238,10 +250,15 @@ fn run(opts: Options) -> Result<u8> {
             ns as f64 / runs as f64
         ));
     }
-    let code = match result.end {
+    let mut code = match result.end {
         EndReason::Signal(sig) => 128 + sig as u8,
         EndReason::TargetExited => result.child_status.unwrap_or(0).clamp(0, 255) as u8,
     };
+    // The target's own failure says more; otherwise lost output must not look like success.
+    let loss = &result.write_loss;
+    if code == 0 && loss.anything_lost() {
+        code = EXIT_FAILURE;
+    }
     // Everything is written: let a background process pay for unregistering the uprobes
     // (the probes keep firing, filtered out, until it is done). Benchmarks need them gone when
     // the tracer exits: MEMSCOPE_BPF_DETACH=foreground waits for the teardown.
@@ -415,8 +432,32 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
             c.pending_full,
             c.batch_dropped
         ));
-    } else {
+    } else if r.write_loss.rows_lost == 0 {
         log::info(&format!("{} events, none lost", r.events));
+    }
+    let loss = &r.write_loss;
+    if loss.rows_lost > 0 {
+        log::error(&format!(
+            "{} events, but {} row(s) could not be written ({} failed write(s); first: {}); \
+             the files hold every other row, each whole",
+            r.events,
+            loss.rows_lost,
+            loss.failed_writes,
+            loss.first_error.as_deref().unwrap_or("?")
+        ));
+    }
+    if loss.reports_lost > 0 {
+        log::error(&format!(
+            "{} report file(s) could not be written (see above)",
+            loss.reports_lost
+        ));
+    }
+    if loss.rows_lost == 0 && loss.failed_writes > loss.reports_lost {
+        log::warn(&format!(
+            "{} write(s) failed ({}) but were retried: every row is in the files",
+            loss.failed_writes,
+            loss.first_error.as_deref().unwrap_or("?")
+        ));
     }
     if c.stacks_shed > 0 {
         log::warn(&format!(

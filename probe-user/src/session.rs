@@ -72,6 +72,8 @@ pub struct SessionResult {
     pub leaks: Vec<ProcessLeaks>,
     pub counters: Counters,
     pub events: u64,
+    /// What could not be written, over all processes.
+    pub write_loss: crate::output::csv::WriteLoss,
     /// The loaded programs, still attached: `Bpf::detach_in_background` once output is done.
     pub bpf: Bpf,
 }
@@ -265,7 +267,12 @@ impl Session {
                 )
             })
             .collect();
+        let mut write_loss = crate::output::csv::WriteLoss::default();
+        for t in self.procs.values() {
+            write_loss.add(t.out.loss());
+        }
         Ok(SessionResult {
+            write_loss,
             end,
             child_status: self.child_status,
             processes,
@@ -536,7 +543,10 @@ impl Session {
         if self.cfg.leaks && !blocks.is_empty() {
             match leaks::write_leak_files(&mut t.out, pid, &blocks) {
                 Ok(f) => files = f,
-                Err(e) => log::error(&format!("cannot write the leak report of pid {pid}: {e:#}")),
+                Err(e) => {
+                    log::error(&format!("cannot write the leak report of pid {pid}: {e:#}"));
+                    t.out.note_failure(&e);
+                }
             }
         }
         if self.cfg.track.inefficient {
@@ -559,6 +569,7 @@ impl Session {
                     log::error(&format!(
                         "cannot write the inefficient report of pid {pid}: {e:#}"
                     ));
+                    t.out.note_failure(&e);
                 }
             }
         }
@@ -573,9 +584,12 @@ impl Session {
                         log::info(&format!("  {line}"));
                     }
                 }
-                Err(e) => log::error(&format!(
-                    "cannot write the decompose report of pid {pid}: {e:#}"
-                )),
+                Err(e) => {
+                    log::error(&format!(
+                        "cannot write the decompose report of pid {pid}: {e:#}"
+                    ));
+                    t.out.note_failure(&e);
+                }
             }
         }
         if let Err(e) = t.out.finish() {
@@ -663,11 +677,11 @@ fn write_inefficient_csv(
 ) -> Result<()> {
     use std::io::Write;
     let dir = out.ensure_dir()?;
-    let path = dir.join(format!(
-        "inefficient_{}.csv",
-        crate::output::local_timestamp()
-    ));
-    let mut f = std::io::BufWriter::new(crate::output::fsutil::create_file_secure(&path)?);
+    let (_, f) = dir.create_unique_file(
+        &format!("inefficient_{}", crate::output::local_timestamp()),
+        ".csv",
+    )?;
+    let mut f = std::io::BufWriter::new(f);
     writeln!(f, "Process Id,Allocation Id,Inefficient Type")?;
     for (id, types) in flagged {
         writeln!(f, "{pid},{id},\"{types}\"")?;

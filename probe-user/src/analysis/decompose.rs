@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, io::Write, path::PathBuf};
 
 use anyhow::Result;
 
-use crate::output::{ProcessOutput, fsutil, local_timestamp};
+use crate::output::{ProcessOutput, local_timestamp};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OwnerBytes {
@@ -72,8 +72,9 @@ impl Decompose {
     /// every step, then at the end of tracing (step `end`), with the peak.
     pub fn write_csv(&self, out: &mut ProcessOutput) -> Result<PathBuf> {
         let dir = out.ensure_dir()?;
-        let path = dir.join(format!("decompose_{}.csv", local_timestamp()));
-        let mut f = std::io::BufWriter::new(fsutil::create_file_secure(&path)?);
+        let (path, f) =
+            dir.create_unique_file(&format!("decompose_{}", local_timestamp()), ".csv")?;
+        let mut f = std::io::BufWriter::new(f);
         writeln!(f, "Step,Owner,Current(byte),Peak(byte)")?;
         for (step, owners) in &self.steps {
             for (owner, bytes) in owners {

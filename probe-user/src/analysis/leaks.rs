@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, io::Write, path::PathBuf};
 use anyhow::Result;
 
 use crate::{
-    output::{DeviceKey, ProcessOutput, fsutil, local_timestamp},
+    output::{DeviceKey, ProcessOutput, local_timestamp},
     tracker::{Block, module_label},
 };
 
@@ -53,8 +53,8 @@ pub fn write_leak_files(
     let mut files = Vec::new();
     for (device, blocks) in by_device {
         let dir = out.device_dump_dir(device)?;
-        let path = dir.join(format!("leaks_{}.csv", local_timestamp()));
-        let mut f = std::io::BufWriter::new(fsutil::create_file_secure(&path)?);
+        let (path, f) = dir.create_unique_file(&format!("leaks_{}", local_timestamp()), ".csv")?;
+        let mut f = std::io::BufWriter::new(f);
         writeln!(f, "{LEAKS_HEADER}")?;
         for b in blocks {
             writeln!(

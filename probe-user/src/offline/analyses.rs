@@ -140,9 +140,10 @@ pub fn report(r: &Replayed, dir: &Path) -> Result<()> {
         ));
     }
     if !r.inefficient.is_empty() {
-        fsutil::create_dir_secure(dir, dir)?;
-        let path = dir.join(format!("inefficient_{}.csv", local_timestamp()));
-        let mut f = std::io::BufWriter::new(fsutil::create_file_secure(&path)?);
+        let root = fsutil::Dir::open_root(dir)?;
+        let (path, f) =
+            root.create_unique_file(&format!("inefficient_{}", local_timestamp()), ".csv")?;
+        let mut f = std::io::BufWriter::new(f);
         writeln!(f, "Process Id,Allocation Id,Inefficient Type")?;
         for (pid, flagged) in &r.inefficient {
             for (id, types) in flagged {

@@ -30,7 +30,7 @@ use super::{
 use crate::{
     cli::{self, Levels, Options},
     log,
-    output::{DeviceKey, ProcessOutput, fsutil, local_timestamp},
+    output::{DeviceKey, ProcessOutput, local_timestamp},
 };
 
 /// The two header lines of `memory_compare_<ts>.csv`.
@@ -403,8 +403,9 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
     }
     let mut out = ProcessOutput::new(&opts.output_dir, std::process::id(), cli::config_json(opts));
     let dir = out.subdir("compare")?;
-    let path = dir.join(format!("memory_compare_{}.csv", local_timestamp()));
-    let mut f = std::io::BufWriter::new(fsutil::create_file_secure(&path)?);
+    let (path, f) =
+        dir.create_unique_file(&format!("memory_compare_{}", local_timestamp()), ".csv")?;
+    let mut f = std::io::BufWriter::new(f);
     for l in &lines {
         writeln!(f, "{l}").with_context(|| format!("cannot write {}", path.display()))?;
     }

@@ -162,36 +162,127 @@ pub fn quote_text(s: &str) -> String {
 /// Bytes of formatted rows kept before they are written to the file.
 const CSV_BUFFER: usize = 256 * 1024;
 
-/// A CSV file and its write buffer. Rows are formatted straight into the buffer (no
-/// per-row line copy, as a `BufWriter` would need); the buffer is written out when it passes
-/// [`CSV_BUFFER`], on `flush`, and (errors ignored, like `BufWriter`) on drop.
+/// Bytes of rows one CSV file keeps in memory while its writes fail (a full disk): written
+/// when space returns; past this the oldest waiting rows are dropped, counted as lost.
+pub const MAX_WAITING_BYTES: usize = 64 << 20;
+
+/// A CSV file (created on its first write) and its write buffer. Rows are formatted straight
+/// into the buffer (no per-row line copy, as a `BufWriter` would need); the buffer is written
+/// out when it passes [`CSV_BUFFER`] and on `flush`. The file only ever holds whole rows: a
+/// write cut short (no space left) is truncated back to the last complete row and the rows
+/// stay in the buffer for the next try.
 struct CsvFile {
-    file: File,
+    file: Option<File>,
+    /// Bytes of whole rows in the file.
+    written: u64,
+    /// The header (while not yet in the file), then rows.
     buf: Vec<u8>,
+    /// Rows in `buf`.
+    buf_rows: u64,
+    /// Length of the header at the start of `buf` (0 once written).
+    header_len: usize,
 }
 
 impl CsvFile {
-    fn new(file: File) -> Self {
+    fn new() -> Self {
+        let mut buf = Vec::with_capacity(CSV_BUFFER + 1024);
+        buf.extend_from_slice(CSV_HEADER.as_bytes());
+        buf.push(b'\n');
         CsvFile {
-            file,
-            buf: Vec::with_capacity(CSV_BUFFER + 1024),
+            file: None,
+            written: 0,
+            header_len: buf.len(),
+            buf,
+            buf_rows: 0,
         }
     }
 
+    fn push(&mut self, id: u64, row: &Row) {
+        row.format_into(id, &mut self.buf);
+        self.buf_rows += 1;
+    }
+
+    /// Writes the buffer after the whole rows already in the file. A write cut short keeps
+    /// the complete rows it got out, cuts the file back to them, and leaves the rest waiting.
     fn write_out(&mut self) -> std::io::Result<()> {
-        if !self.buf.is_empty() {
-            let r = self.file.write_all(&self.buf);
-            self.buf.clear();
-            r?;
+        use std::os::unix::fs::FileExt;
+        let Some(file) = &self.file else {
+            return Err(std::io::Error::other("not created"));
+        };
+        let mut done = 0;
+        let mut failure = None;
+        while done < self.buf.len() {
+            match file.write_at(&self.buf[done..], self.written + done as u64) {
+                Ok(0) => {
+                    failure = Some(std::io::Error::from(std::io::ErrorKind::WriteZero));
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
-        Ok(())
+        let (keep, lines) = if failure.is_none() {
+            (self.buf.len(), None)
+        } else {
+            let (keep, lines) = whole_lines(&self.buf[..done]);
+            // Best effort: shrinking needs no space.
+            let _ = file.set_len(self.written + keep as u64);
+            (keep, Some(lines))
+        };
+        if keep > 0 {
+            let rows = match lines {
+                None => self.buf_rows,
+                // The header is a line but no row.
+                Some(n) => n - u64::from(self.header_len > 0),
+            };
+            self.written += keep as u64;
+            self.buf.drain(..keep);
+            self.buf_rows -= rows;
+            self.header_len = 0;
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Drops the rows waiting in the buffer (the header stays); returns how many.
+    fn drop_waiting(&mut self) -> u64 {
+        self.buf.truncate(self.header_len);
+        std::mem::take(&mut self.buf_rows)
     }
 }
 
 impl Drop for CsvFile {
+    /// A last try for an output dropped without `finish` (an error path).
     fn drop(&mut self) {
-        let _ = self.write_out();
+        if self.file.is_some() {
+            let _ = self.write_out();
+        }
     }
+}
+
+/// The length of the complete CSV records at the start of `bytes` (a newline inside a quoted
+/// field, as in a call stack, ends no record) and how many there are.
+fn whole_lines(bytes: &[u8]) -> (usize, u64) {
+    let mut quoted = false;
+    let mut end = 0;
+    let mut lines = 0;
+    for (i, b) in bytes.iter().enumerate() {
+        match b {
+            b'"' => quoted = !quoted,
+            b'\n' if !quoted => {
+                end = i + 1;
+                lines += 1;
+            }
+            _ => {}
+        }
+    }
+    (end, lines)
 }
 
 /// Where one device's rows go.
@@ -200,56 +291,71 @@ enum Sink {
     Db(DbWriter),
 }
 
-impl Sink {
-    fn write(&mut self, id: u64, row: &Row) -> Result<()> {
-        match self {
-            Sink::Csv(out) => {
-                row.format_into(id, &mut out.buf);
-                if out.buf.len() >= CSV_BUFFER {
-                    out.write_out()?;
-                }
-                Ok(())
-            }
-            Sink::Db(db) => db.insert(id, row),
-        }
-    }
-
-    /// CSV: write the buffer out; db: commit the open transaction.
-    fn flush(&mut self) -> Result<()> {
-        match self {
-            Sink::Csv(out) => Ok(out.write_out()?),
-            Sink::Db(db) => db.commit(),
-        }
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        match self {
-            Sink::Csv(out) => Ok(out.write_out()?),
-            Sink::Db(db) => db.finish(),
-        }
-    }
-}
-
 struct DeviceFile {
+    /// Where the file is, or (not created yet) will be.
     path: PathBuf,
     sink: Sink,
+    /// Writes to this file are failing (reported once, until they work again).
+    failing: bool,
+}
+
+/// What could not be written: counted, reported once, and summed up at the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteLoss {
+    /// Rows that never reached a file.
+    pub rows_lost: u64,
+    /// Write attempts that failed (including ones retried successfully later).
+    pub failed_writes: u64,
+    /// Report files (leaks, decompose, ...) not written.
+    pub reports_lost: u64,
+    /// The first error, for the summary.
+    pub first_error: Option<String>,
+}
+
+impl WriteLoss {
+    fn record(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        self.failed_writes += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(format!("{what}: {e}"));
+        }
+    }
+
+    pub fn anything_lost(&self) -> bool {
+        self.rows_lost > 0 || self.reports_lost > 0
+    }
+
+    pub fn add(&mut self, other: &WriteLoss) {
+        self.rows_lost += other.rows_lost;
+        self.reports_lost += other.reports_lost;
+        self.failed_writes += other.failed_writes;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error.clone();
+        }
+    }
 }
 
 /// Everything written for one traced process.
 pub struct ProcessOutput {
     output_root: PathBuf,
+    /// `msmemscope_<pid>_<ts>`; `_ascend` (after a `_<n>` when the name is taken) completes it.
+    dir_stem: String,
+    /// The process directory once created (the path it was created at, for messages,
+    /// before that).
     process_dir: PathBuf,
+    dir: Option<fsutil::Dir>,
+    /// `device_<d>/dump` directories opened so far.
+    dump_dirs: Vec<(DeviceKey, fsutil::Dir)>,
     config_json: String,
     format: DataFormat,
     /// msMemScope stamps every db of a process with one timestamp.
     db_stamp: String,
-    created: bool,
     /// Sorted by device; a handful at most, so a scan beats a map on every row.
     files: Vec<(DeviceKey, DeviceFile)>,
     /// Rows not tied to a device, copied into each device file (also ones created later).
     na_rows: Vec<(u64, Row)>,
     next_id: u64,
     rows_written: u64,
+    loss: WriteLoss,
 }
 
 impl ProcessOutput {
@@ -266,108 +372,228 @@ impl ProcessOutput {
         format: DataFormat,
     ) -> Self {
         let stamp = local_timestamp();
-        let process_dir = output_root.join(format!("msmemscope_{pid}_{stamp}_ascend"));
+        let dir_stem = format!("msmemscope_{pid}_{stamp}");
         ProcessOutput {
             output_root: output_root.to_path_buf(),
-            process_dir,
+            process_dir: output_root.join(format!("{dir_stem}_ascend")),
+            dir_stem,
+            dir: None,
+            dump_dirs: Vec::new(),
             config_json,
             format,
             db_stamp: stamp,
-            created: false,
             files: Vec::new(),
             na_rows: Vec::new(),
             next_id: 0,
             rows_written: 0,
+            loss: WriteLoss::default(),
         }
     }
 
+    /// Where the process directory is (once created; where it would go before).
     pub fn process_dir(&self) -> &Path {
         &self.process_dir
     }
 
+    /// Rows in the dump files (rows that could not be written are not counted).
     pub fn rows_written(&self) -> u64 {
-        self.rows_written
+        self.rows_written - self.loss.rows_lost
+    }
+
+    /// What could not be written so far.
+    pub fn loss(&self) -> &WriteLoss {
+        &self.loss
+    }
+
+    /// A side file (leak report, ...) that could not be written: counted with the rows.
+    pub fn note_failure(&mut self, e: &anyhow::Error) {
+        self.loss.record("report file", &format!("{e:#}"));
+        self.loss.reports_lost += 1;
     }
 
     /// The dump files created so far, by device.
     pub fn dump_files(&self) -> Vec<PathBuf> {
-        self.files.iter().map(|(_, f)| f.path.clone()).collect()
+        self.files
+            .iter()
+            .filter(|(_, f)| !matches!(&f.sink, Sink::Csv(c) if c.file.is_none()))
+            .map(|(_, f)| f.path.clone())
+            .collect()
     }
 
-    fn ensure_process_dir(&mut self) -> Result<()> {
-        if self.created {
-            return Ok(());
+    /// The process directory, created (under a name no other run has, with config.json) if
+    /// needed.
+    pub fn ensure_dir(&mut self) -> Result<fsutil::Dir> {
+        if let Some(d) = &self.dir {
+            return Ok(d.clone());
         }
-        fsutil::create_dir_secure(&self.output_root, &self.process_dir)?;
-        let mut cfg = fsutil::create_file_secure(&self.process_dir.join("config.json"))?;
-        cfg.write_all(self.config_json.as_bytes())?;
-        self.created = true;
-        Ok(())
-    }
-
-    /// `<process dir>/<rel>`, created on demand (with the process directory and config.json).
-    /// The process directory, created (with config.json) if needed.
-    pub fn ensure_dir(&mut self) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
-        Ok(self.process_dir.clone())
-    }
-
-    pub fn subdir(&mut self, rel: &str) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
-        let dir = self.process_dir.join(rel);
-        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        let root = fsutil::Dir::open_root(&self.output_root)?;
+        let dir = root.create_unique_dir(&self.dir_stem, "_ascend")?;
+        let config = dir.create_file("config.json").and_then(|(path, mut cfg)| {
+            cfg.write_all(self.config_json.as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))
+        });
+        if let Err(e) = config {
+            // No half-made directory (an empty config.json) left behind: the next try
+            // (space may come back) makes a new one.
+            let _ = dir.remove_file("config.json");
+            if let Some(name) = dir.path().file_name() {
+                let _ = root.remove_dir(&name.to_string_lossy());
+            }
+            return Err(e);
+        }
+        self.process_dir = dir.path().to_path_buf();
+        self.dir = Some(dir.clone());
         Ok(dir)
     }
 
-    /// Opens a new dump file in `dir` in the configured format and writes `rows` into it.
-    fn open_dump(&self, dir: &Path, rows: &[(u64, Row)]) -> Result<DeviceFile> {
-        let (path, mut sink) = match self.format {
+    /// `<process dir>/<rel>` (one name), created on demand (with the process directory).
+    pub fn subdir(&mut self, rel: &str) -> Result<fsutil::Dir> {
+        self.ensure_dir()?.open_or_create_dir(rel)
+    }
+
+    /// A new dump file for `device` in the configured format, holding `rows`. A CSV file is
+    /// created on its first write; a db right away.
+    fn new_dump(&mut self, device: DeviceKey, rows: &[(u64, Row)]) -> Result<DeviceFile> {
+        let dir_name = device
+            .dir_name()
+            .unwrap_or_else(|| "device_N-A".to_string());
+        match self.format {
             DataFormat::Csv => {
-                let path = dir.join(format!("memscope_dump_{}.csv", local_timestamp()));
-                let file = fsutil::create_file_secure(&path)?;
-                let mut out = CsvFile::new(file);
-                out.buf.extend_from_slice(CSV_HEADER.as_bytes());
-                out.buf.push(b'\n');
-                (path, Sink::Csv(out))
+                let mut out = CsvFile::new();
+                for (id, row) in rows {
+                    out.push(*id, row);
+                }
+                let path = self
+                    .process_dir
+                    .join(dir_name)
+                    .join("dump")
+                    .join(format!("memscope_dump_{}.csv", local_timestamp()));
+                Ok(DeviceFile {
+                    path,
+                    sink: Sink::Csv(out),
+                    failing: false,
+                })
             }
             DataFormat::Db => {
-                let path = dir.join(format!("memscope_dump_{}.db", self.db_stamp));
-                let db = DbWriter::create(&path)?;
-                (path, Sink::Db(db))
+                let dir = self.device_dump_dir(device)?;
+                let name = format!("memscope_dump_{}.db", self.db_stamp);
+                let mut db = DbWriter::create_in(&dir, &name)?;
+                let path = db.path().to_path_buf();
+                for (id, row) in rows {
+                    db.insert(*id, row)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                }
+                Ok(DeviceFile {
+                    path,
+                    sink: Sink::Db(db),
+                    failing: false,
+                })
             }
-        };
-        for (id, row) in rows {
-            sink.write(*id, row)
-                .with_context(|| format!("cannot write {}", path.display()))?;
         }
-        Ok(DeviceFile { path, sink })
+    }
+
+    /// Writes out the rows waiting for file `at` (creating the file first if needed).
+    /// Failures are counted and reported once per episode; rows wait in memory up to
+    /// [`MAX_WAITING_BYTES`] and are dropped (counted as lost) beyond.
+    fn write_out(&mut self, at: usize, finishing: bool) {
+        let device = self.files[at].0;
+        let created = match &self.files[at].1.sink {
+            Sink::Csv(c) => c.file.is_some(),
+            Sink::Db(_) => true,
+        };
+        let mut result: Result<()> = Ok(());
+        if !created {
+            let stem = format!("memscope_dump_{}", local_timestamp());
+            match self
+                .device_dump_dir(device)
+                .and_then(|d| d.create_unique_file(&stem, ".csv"))
+            {
+                Ok((path, file)) => {
+                    let f = &mut self.files[at].1;
+                    f.path = path;
+                    if let Sink::Csv(c) = &mut f.sink {
+                        c.file = Some(file);
+                    }
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        let f = &mut self.files[at].1;
+        if result.is_ok() {
+            result = match &mut f.sink {
+                Sink::Csv(c) => c
+                    .write_out()
+                    .with_context(|| format!("cannot write {}", f.path.display())),
+                Sink::Db(db) => {
+                    let r = if finishing { db.finish() } else { db.commit() };
+                    self.loss.rows_lost += db.take_lost();
+                    r
+                }
+            };
+        }
+        match result {
+            Ok(()) => {
+                if f.failing {
+                    f.failing = false;
+                    crate::log::info(&format!(
+                        "{}: writing again (after {} failed attempt(s) in all)",
+                        f.path.display(),
+                        self.loss.failed_writes
+                    ));
+                }
+            }
+            Err(e) => {
+                self.loss
+                    .record(&f.path.display().to_string(), &format!("{e:#}"));
+                if !f.failing {
+                    f.failing = true;
+                    crate::log::error(&format!(
+                        "{e:#}; rows wait in memory (up to {} MiB per file) and are written \
+                         when it works again",
+                        MAX_WAITING_BYTES >> 20
+                    ));
+                }
+                if let Sink::Csv(c) = &mut f.sink
+                    && (finishing || c.buf.len() > MAX_WAITING_BYTES)
+                {
+                    self.loss.rows_lost += c.drop_waiting();
+                }
+            }
+        }
     }
 
     /// A directory for per-device side files (leak reports), created on demand.
-    pub fn device_dump_dir(&mut self, device: DeviceKey) -> Result<PathBuf> {
-        self.ensure_process_dir()?;
+    pub fn device_dump_dir(&mut self, device: DeviceKey) -> Result<fsutil::Dir> {
+        if let Some((_, d)) = self.dump_dirs.iter().find(|(k, _)| *k == device) {
+            return Ok(d.clone());
+        }
         let name = device
             .dir_name()
             .unwrap_or_else(|| "device_N-A".to_string());
-        let dir = self.process_dir.join(name).join("dump");
-        fsutil::create_dir_secure(&self.output_root, &dir)?;
+        let dir = self
+            .ensure_dir()?
+            .open_or_create_dir(&name)?
+            .open_or_create_dir("dump")?;
+        self.dump_dirs.push((device, dir.clone()));
         Ok(dir)
     }
 
-    fn file_for(&mut self, device: DeviceKey) -> Result<&mut DeviceFile> {
+    fn file_for(&mut self, device: DeviceKey) -> Result<usize> {
         let at = match self.files.iter().position(|(k, _)| *k == device) {
             Some(at) => at,
             None => {
-                let dir = self.device_dump_dir(device)?;
                 // Device-less rows seen so far come first, with the ids they were given: they
                 // happened before this device's first event, so the file stays in time order.
-                let file = self.open_dump(&dir, &self.na_rows)?;
+                let na_rows = std::mem::take(&mut self.na_rows);
+                let file = self.new_dump(device, &na_rows);
+                self.na_rows = na_rows;
+                let file = file?;
                 let at = self.files.partition_point(|(k, _)| *k < device);
                 self.files.insert(at, (device, file));
                 at
             }
         };
-        Ok(&mut self.files[at].1)
+        Ok(at)
     }
 
     /// Writes a row: to its device file, or for device-less rows to every device file.
@@ -379,7 +605,8 @@ impl ProcessOutput {
     }
 
     /// [`write`](Self::write) without taking the row (device-less rows, which are kept, are
-    /// cloned): the caller can reuse its row vector.
+    /// cloned): the caller can reuse its row vector. A row that cannot be written is counted
+    /// (see [`loss`](Self::loss)), not an error.
     pub fn write_ref(&mut self, row: &Row) -> Result<()> {
         if row.device == DeviceKey::NotApplicable {
             return self.write_na(row.clone());
@@ -387,46 +614,87 @@ impl ProcessOutput {
         let id = self.next_id;
         self.next_id += 1;
         self.rows_written += 1;
-        let f = self.file_for(row.device)?;
-        f.sink
-            .write(id, row)
-            .with_context(|| format!("cannot write {}", f.path.display()))
+        match self.file_for(row.device) {
+            Ok(at) => self.put(at, id, row),
+            Err(e) => {
+                // A db that cannot be created: the row is lost.
+                self.loss.rows_lost += 1;
+                self.loss
+                    .record(&self.process_dir.display().to_string(), &format!("{e:#}"));
+                if self.loss.failed_writes == 1 {
+                    crate::log::error(&format!("{e:#}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, at: usize, id: u64, row: &Row) {
+        let f = &mut self.files[at].1;
+        match &mut f.sink {
+            Sink::Csv(c) => {
+                c.push(id, row);
+                // While failing, retries wait for the next flush (or for the waiting rows to
+                // pass their cap).
+                if (c.buf.len() >= CSV_BUFFER && !f.failing) || c.buf.len() > MAX_WAITING_BYTES {
+                    self.write_out(at, false);
+                }
+            }
+            Sink::Db(db) => {
+                if let Err(e) = db.insert(id, row) {
+                    self.loss.rows_lost += db.take_lost();
+                    self.loss
+                        .record(&f.path.display().to_string(), &format!("{e:#}"));
+                    if !f.failing {
+                        f.failing = true;
+                        crate::log::error(&format!("{e:#}"));
+                    }
+                } else if f.failing {
+                    f.failing = false;
+                    crate::log::info(&format!("{}: writing again", f.path.display()));
+                }
+            }
+        }
     }
 
     fn write_na(&mut self, row: Row) -> Result<()> {
         let id = self.next_id;
         self.next_id += 1;
         self.rows_written += 1;
-        for (_, f) in &mut self.files {
-            f.sink
-                .write(id, &row)
-                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        for at in 0..self.files.len() {
+            self.put(at, id, &row);
         }
         self.na_rows.push((id, row));
         Ok(())
     }
 
+    /// Writes out what waits in memory (CSV) or commits (db); failures are counted.
     pub fn flush(&mut self) -> Result<()> {
-        for (_, f) in &mut self.files {
-            f.sink
-                .flush()
-                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        for at in 0..self.files.len() {
+            self.write_out(at, false);
         }
         Ok(())
     }
 
     /// Rows not tied to a device that no device file received (the process never touched a
-    /// device): written to `device_N-A` so nothing is lost.
+    /// device): written to `device_N-A` so nothing is lost. Then a last try to write
+    /// everything; what still cannot be written is counted as lost.
     pub fn finish(&mut self) -> Result<()> {
         if self.files.is_empty() && !self.na_rows.is_empty() {
-            let dir = self.device_dump_dir(DeviceKey::NotApplicable)?;
-            let file = self.open_dump(&dir, &self.na_rows)?;
-            self.files.push((DeviceKey::NotApplicable, file));
+            let na_rows = std::mem::take(&mut self.na_rows);
+            match self.new_dump(DeviceKey::NotApplicable, &na_rows) {
+                Ok(file) => self.files.push((DeviceKey::NotApplicable, file)),
+                Err(e) => {
+                    self.loss.rows_lost += na_rows.len() as u64;
+                    self.loss
+                        .record(&self.process_dir.display().to_string(), &format!("{e:#}"));
+                    crate::log::error(&format!("{e:#}"));
+                }
+            }
+            self.na_rows = na_rows;
         }
-        for (_, f) in &mut self.files {
-            f.sink
-                .finish()
-                .with_context(|| format!("cannot write {}", f.path.display()))?;
+        for at in 0..self.files.len() {
+            self.write_out(at, true);
         }
         Ok(())
     }
@@ -499,6 +767,13 @@ mod tests {
             push_hex16(&mut out, v);
             assert_eq!(out, format!("0x{v:016x}").as_bytes());
         }
+    }
+
+    #[test]
+    fn whole_lines_skip_newlines_inside_quotes() {
+        let text = b"h\n1,\"a\nb\"\n2,\"\"\"x\n";
+        assert_eq!(whole_lines(text), (10, 2));
+        assert_eq!(whole_lines(b"partial"), (0, 0));
     }
 
     #[test]

@@ -56,19 +56,28 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_millis(5000);
 /// One open dump database.
 pub struct DbWriter {
     path: PathBuf,
+    /// Keeps open the descriptor SQLite reaches the file (and its -wal) through.
+    _dir: fsutil::Dir,
     conn: Connection,
     /// Rows inserted since the last commit (a transaction is open when > 0).
     pending: usize,
     committed: u64,
+    /// Rows of transactions that failed (rolled back), not yet taken by the owner.
+    lost: u64,
 }
 
 impl DbWriter {
-    /// Creates a new database file (mode 0640, never through a symlink or over an existing
-    /// file) with the dump table.
-    pub fn create(path: &Path) -> Result<Self> {
-        drop(fsutil::create_file_secure(path)?);
-        let conn = Connection::open(path)
+    /// Creates the new database file `name` in `dir` (mode 0640, never through a symlink or
+    /// over an existing file) with the dump table.
+    pub fn create_in(dir: &fsutil::Dir, name: &str) -> Result<Self> {
+        let (path, file) = dir.create_file(name)?;
+        drop(file);
+        // SQLite takes a path: one through our descriptor of `dir` reaches that very
+        // directory (and puts the -wal and -shm files next to the db) even if its path
+        // has been swapped for a symlink since.
+        let conn = Connection::open(dir.fd_path(name))
             .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+        let path = path.as_path();
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(BUSY_TIMEOUT)?;
             let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
@@ -84,9 +93,11 @@ impl DbWriter {
         setup().with_context(|| format!("cannot set up SQLite database {}", path.display()))?;
         Ok(DbWriter {
             path: path.to_path_buf(),
+            _dir: dir.clone(),
             conn,
             pending: 0,
             committed: 0,
+            lost: 0,
         })
     }
 
@@ -99,13 +110,36 @@ impl DbWriter {
         self.committed
     }
 
+    /// Rows lost to failed transactions since the last call.
+    pub fn take_lost(&mut self) -> u64 {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// A write failed: the open transaction (SQLite may have rolled it back already) is
+    /// given up and its rows counted as lost; the database keeps every committed row.
+    fn abandon(&mut self) {
+        let _ = self.conn.execute_batch("ROLLBACK");
+        self.lost += self.pending as u64;
+        self.pending = 0;
+    }
+
     /// Inserts one row (inside the open transaction; commits every [`COMMIT_EVERY_ROWS`]).
+    /// On failure the open transaction's rows are lost (see [`take_lost`](Self::take_lost)).
     pub fn insert(&mut self, id: u64, row: &Row) -> Result<()> {
+        let r = self.try_insert(id, row);
+        if r.is_err() {
+            self.abandon();
+        }
+        r
+    }
+
+    fn try_insert(&mut self, id: u64, row: &Row) -> Result<()> {
         if self.pending == 0 {
             self.conn
                 .execute_batch("BEGIN")
                 .with_context(|| format!("cannot write {}", self.path.display()))?;
         }
+        // Counted before the insert: a failed one is lost with its transaction.
         let ptr = match row.ptr {
             Some(p) => format!("0x{p:016x}"),
             None => "N/A".to_string(),
@@ -129,13 +163,21 @@ impl DbWriter {
         self.pending += 1;
         result.with_context(|| format!("cannot write {}", self.path.display()))?;
         if self.pending >= COMMIT_EVERY_ROWS {
-            self.commit()?;
+            self.try_commit()?;
         }
         Ok(())
     }
 
-    /// Commits the open transaction, if any.
+    /// Commits the open transaction, if any (its rows are lost when that fails).
     pub fn commit(&mut self) -> Result<()> {
+        let r = self.try_commit();
+        if r.is_err() {
+            self.abandon();
+        }
+        r
+    }
+
+    fn try_commit(&mut self) -> Result<()> {
         if self.pending == 0 {
             return Ok(());
         }
@@ -168,7 +210,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("memscope_dump_1.db");
-        let mut w = DbWriter::create(&path).unwrap();
+        let out = fsutil::Dir::open_root(&dir).unwrap();
+        let mut w = DbWriter::create_in(&out, "memscope_dump_1.db").unwrap();
         let row = Row {
             event: "MALLOC",
             event_type: "HAL",
@@ -226,7 +269,10 @@ mod tests {
         assert_eq!(cols[0].1, "INTEGER");
         assert_eq!(cols[4].1, "INTEGER");
         assert_eq!(cols[9].1, "TEXT");
-        assert!(DbWriter::create(&path).is_err(), "never reuses a file");
+        assert!(
+            DbWriter::create_in(&out, "memscope_dump_1.db").is_err(),
+            "never reuses a file"
+        );
         drop(w);
         std::fs::remove_dir_all(&dir).unwrap();
     }
