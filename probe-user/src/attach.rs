@@ -126,6 +126,8 @@ pub struct Planner {
     specs_loaded: bool,
     /// Attach the `exit()` hold (stacks in launch mode; see `ProbeId::LibcExit`).
     pub hold_at_exit: bool,
+    /// Attach the `Py_FinalizeEx` hold (Python stacks in launch mode; `ProbeId::PyFinalize`).
+    pub hold_at_python_exit: bool,
 }
 
 impl Planner {
@@ -141,6 +143,7 @@ impl Planner {
             debug: Vec::new(),
             specs_loaded: false,
             hold_at_exit: false,
+            hold_at_python_exit: false,
         }
     }
 
@@ -415,6 +418,11 @@ impl Planner {
         let mut symbols = Vec::new();
         for p in &PROBES {
             if p.id == probes::ProbeId::LibcExit && !self.hold_at_exit {
+                continue;
+            }
+            if matches!(p.id, probes::ProbeId::PyFinalize | probes::ProbeId::PyExit)
+                && !self.hold_at_python_exit
+            {
                 continue;
             }
             let belongs = match p.home {

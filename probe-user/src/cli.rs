@@ -467,7 +467,9 @@ WHAT TO COLLECT:
         --steps <LIST>              Keep only events inside these mstx steps (integers >= 1,
                                     at most 5); turns leak analysis off
         --call-stack <LIST>         c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
-                                    an empty value disables stacks [default: no stacks]
+                                    an empty value disables stacks [default: no stacks];
+                                    python: CPython 3.11-3.13 frames read from outside the
+                                    process (Call Stack(Python) column)
         --collect-mode <MODE>       immediate | deferred [default: immediate]
         --watch <SPEC>              [START[:OUTID]],END[,full-content]: watch the outputs of
                                     op START until op END (the comma before END is required)

@@ -462,7 +462,7 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ts_ns,
         ),
-        ProbeId::LibcExit => (
+        ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,
             },

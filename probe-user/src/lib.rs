@@ -22,6 +22,7 @@ pub mod output;
 pub mod placement;
 pub mod pools;
 pub mod probes;
+pub mod pystacks;
 pub mod session;
 pub mod stacks;
 pub mod tracefs;

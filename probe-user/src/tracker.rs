@@ -181,6 +181,8 @@ pub struct ProcessState {
     streams: HashMap<u64, (u32, u64)>,
     /// The stack of the call being applied (set by `apply`).
     current_stack: Option<std::sync::Arc<str>>,
+    /// Its Python stack (set by `set_python_stack` before `apply`).
+    current_py_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
     pub stats: ProcessStats,
     /// An empty vector with capacity, reused as `apply_call`'s row list by `apply_into`, so
@@ -268,6 +270,12 @@ impl ProcessState {
         }
     }
 
+    /// The Python stack (`--call-stack=python`) of the next call given to `apply`: its rows
+    /// carry it.
+    pub fn set_python_stack(&mut self, stack: Option<std::sync::Arc<str>>) {
+        self.current_py_stack = stack;
+    }
+
     /// Applies one call; returns the rows to write (possibly none).
     /// `stack` is the C stack of the call (`--call-stack=c`): its rows carry it, and so do the
     /// blocks it allocates.
@@ -306,8 +314,12 @@ impl ProcessState {
             if r.c_stack.is_none() && r.event != "OOM_DETAIL" {
                 r.c_stack = self.current_stack.clone();
             }
+            if r.py_stack.is_none() && r.event != "OOM_DETAIL" {
+                r.py_stack = self.current_py_stack.clone();
+            }
         }
         self.current_stack = None;
+        self.current_py_stack = None;
         if out.is_empty() {
             // The usual case: hand over the vector itself, keep `out`'s allocation as spare.
             std::mem::swap(out, &mut rows);
@@ -344,6 +356,7 @@ impl ProcessState {
             ptr: None,
             attr: format!("func:{func},req_size:{size},flag:{flag}"),
             c_stack: self.current_stack.clone(),
+            py_stack: self.current_py_stack.clone(),
         };
         rows.push(base.clone());
         if self
@@ -410,6 +423,7 @@ impl ProcessState {
                 ptr: None,
                 attr: String::new(),
                 c_stack: None,
+                py_stack: None,
             };
         match &ev.call {
             Call::HalAlloc {
@@ -829,6 +843,7 @@ impl ProcessState {
             ptr: None,
             attr: String::new(),
             c_stack: None,
+            py_stack: None,
         };
         if let Some(body) = rest.strip_prefix("b:") {
             let name = field(body, "name").unwrap_or_default();
@@ -925,6 +940,7 @@ impl ProcessState {
                 ptr: Some(ptr),
                 attr,
                 c_stack: None,
+                py_stack: None,
             });
         }
     }
@@ -1019,6 +1035,7 @@ impl ProcessState {
             ptr: None,
             attr,
             c_stack: None,
+            py_stack: None,
         };
         for o in outs {
             let start = matches!(o, AtbOut::OpStart { .. });
@@ -1165,6 +1182,7 @@ impl ProcessState {
                 b.allocation_id, b.addr, b.size, c.allocated, c.reserved
             ),
             c_stack: None,
+            py_stack: None,
         }
     }
 
@@ -1365,6 +1383,7 @@ impl ProcessState {
             ptr: Some(b.addr),
             attr,
             c_stack: None,
+            py_stack: None,
         }
     }
 }
