@@ -214,6 +214,7 @@ fn run(opts: Options) -> Result<u8> {
         child,
         stack_depth,
         python,
+        mixed: opts.call_stack.mixed,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -407,7 +407,7 @@ pub enum PyFrame {
         entry: bool,
     },
     /// The code object could not be read (freed, or not a code object).
-    Unreadable,
+    Unreadable { entry: bool },
 }
 
 impl PyFrame {
@@ -423,9 +423,67 @@ impl PyFrame {
                 Some(l) => format!("{file}({l}): {function}"),
                 None => format!("{file}(?): {function}"),
             },
-            PyFrame::Unreadable => "[python: code object unreadable]".into(),
+            PyFrame::Unreadable { .. } => "[python: code object unreadable]".into(),
         }
     }
+
+    fn is_entry(&self) -> bool {
+        match self {
+            PyFrame::Code { entry, .. } | PyFrame::Unreadable { entry } => *entry,
+        }
+    }
+
+    /// The frame as a line of the mixed C column (`--call-stack=mixed`), at `address`.
+    fn mixed_line(&self, address: u64) -> String {
+        match self {
+            PyFrame::Code {
+                file,
+                line,
+                function,
+                ..
+            } => format!(
+                "0x{address:016x} {PYTHON_MARKER} {function} at {file}:{}",
+                line.unwrap_or(0)
+            ),
+            PyFrame::Unreadable { .. } => {
+                format!("0x{address:016x} {PYTHON_MARKER} [python: code object unreadable]")
+            }
+        }
+    }
+}
+
+/// Marks the Python frames in the mixed C column.
+pub const PYTHON_MARKER: &str = "[python]";
+/// The interpreter loop whose C frames the mixed view replaces.
+pub const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
+
+/// The mixed view (`--call-stack=mixed`): the C stack `frames` (innermost first) with each
+/// real (not inlined) `_PyEval_EvalFrameDefault` frame replaced by the Python frames that
+/// call of the loop was running, innermost first, at the loop frame's address: the frames
+/// down to the next entry frame. A loop frame left without Python frames (the Python stack
+/// was cut at its depth) stays as it is.
+pub fn mix(frames: &[memscope_symbols::Frame], py: &PyStack, truncated: bool) -> String {
+    let mut lines = Vec::with_capacity(frames.len() + py.frames.len());
+    let mut next = 0;
+    for f in frames {
+        let is_loop = !f.inlined && f.function.as_deref() == Some(EVAL_LOOP);
+        if is_loop && next < py.frames.len() {
+            while next < py.frames.len() {
+                let p = &py.frames[next];
+                lines.push(p.mixed_line(f.address));
+                next += 1;
+                if p.is_entry() {
+                    break;
+                }
+            }
+            continue;
+        }
+        lines.push(memscope_symbols::format_frame(f));
+    }
+    if truncated {
+        lines.push(memscope_symbols::format::TRUNCATED_MARKER.to_string());
+    }
+    lines.join("\n")
 }
 
 /// A resolved Python stack: frames innermost first and what ended it.
@@ -640,7 +698,7 @@ impl PyStacks {
                     function: c.function.clone(),
                     entry: entries[k],
                 },
-                None => PyFrame::Unreadable,
+                None => PyFrame::Unreadable { entry: entries[k] },
             };
             out.frames.push(frame);
         }
@@ -762,6 +820,54 @@ fn read_str(mem: &File, layout: &PyLayout, addr: u64) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mixed_view_puts_each_loops_python_frames_in_its_place() {
+        let c = |address, function: &str| memscope_symbols::Frame {
+            address,
+            module: Some("libpython3.11.so.1.0".into()),
+            module_offset: 0,
+            function: Some(function.into()),
+            file: None,
+            line: None,
+            inlined: false,
+        };
+        let py = |function: &str, line, entry| PyFrame::Code {
+            file: Arc::from("/s.py"),
+            line: Some(line),
+            function: Arc::from(function),
+            entry,
+        };
+        let frames = [
+            c(0x10, "halMemAlloc"),
+            c(0x20, EVAL_LOOP),
+            c(0x30, "callback_trampoline"),
+            c(0x40, EVAL_LOOP),
+            c(0x50, EVAL_LOOP),
+            c(0x60, "main"),
+        ];
+        let stack = PyStack {
+            frames: vec![
+                py("inner", 3, false),
+                py("callback", 7, true),
+                PyFrame::Unreadable { entry: false },
+                py("<module>", 9, true),
+            ],
+            end: None,
+        };
+        assert_eq!(
+            mix(&frames, &stack, true),
+            "0x0000000000000010 halMemAlloc\n\
+             0x0000000000000020 [python] inner at /s.py:3\n\
+             0x0000000000000020 [python] callback at /s.py:7\n\
+             0x0000000000000030 callback_trampoline\n\
+             0x0000000000000040 [python] [python: code object unreadable]\n\
+             0x0000000000000040 [python] <module> at /s.py:9\n\
+             0x0000000000000050 _PyEval_EvalFrameDefault\n\
+             0x0000000000000060 main\n\
+             [truncated]"
+        );
+    }
 
     #[test]
     fn versions_from_file_names() {

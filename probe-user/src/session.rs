@@ -28,7 +28,7 @@ use crate::{
     launch, log,
     output::{ProcessOutput, Row},
     probes::{KernelRef, launch_args},
-    pystacks::{self, PyStacks},
+    pystacks::{self, PyStack, PyStacks},
     stacks::{self, StackResolver, StackSample},
     tracker::{ProcessState, ProcessStats, TrackOptions},
 };
@@ -60,6 +60,8 @@ pub struct SessionConfig {
     pub stack_depth: Option<usize>,
     /// `--call-stack=python`: Python stacks (of processes already found to run CPython).
     pub python: Option<PyStacks>,
+    /// `--call-stack=mixed`: the C column shows the Python frames in place of the loop.
+    pub mixed: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,8 +133,9 @@ pub struct Session {
     pending_stacks: HashMap<u32, StackSample>,
     /// `--call-stack=python`: processes' interpreters and code objects.
     python: Option<PyStacks>,
-    /// Thread -> the Python stack BPF sent just before its next call (already resolved).
-    pending_py: HashMap<u32, Arc<str>>,
+    /// Thread -> the Python stack BPF sent just before its next call (already resolved; the
+    /// frames too for the mixed view).
+    pending_py: HashMap<u32, (Arc<str>, Option<Arc<PyStack>>)>,
     kernel_names: KernelNames,
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
@@ -336,8 +339,10 @@ impl Session {
             self.events += 1;
             // Resolved now: the code objects are read while the process is surely alive.
             if let Some(py) = &mut self.python {
-                let text = Arc::from(py.resolve(&sample).text());
-                self.pending_py.insert(sample.tid, text);
+                let stack = py.resolve(&sample);
+                let text = Arc::from(stack.text());
+                let frames = self.cfg.mixed.then(|| Arc::new(stack));
+                self.pending_py.insert(sample.tid, (text, frames));
             }
             return Ok(());
         }
@@ -473,9 +478,9 @@ impl Session {
             Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
         );
         let text = if batch {
-            self.pending_py.get(&call.tid).cloned()
+            self.pending_py.get(&call.tid).map(|p| p.0.clone())
         } else {
-            self.pending_py.remove(&call.tid)
+            self.pending_py.remove(&call.tid).map(|p| p.0)
         };
         Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
     }
@@ -494,7 +499,9 @@ impl Session {
         } else {
             self.pending_stacks.remove(&call.tid)
         }?;
-        Some((resolver.submit(sample, call.at_return), None))
+        // Before `python_stack_of` takes the Python sample of the same call.
+        let python = self.pending_py.get(&call.tid).and_then(|p| p.1.clone());
+        Some((resolver.submit(sample, call.at_return, python), None))
     }
 
     /// Applies held events older than the reorder window (all of them when `all`).

@@ -345,3 +345,92 @@ fn a_process_without_python_says_so_in_the_python_column() {
         assert_eq!(r[10], "[python: no interpreter]\n", "{r:?}");
     }
 }
+
+#[test]
+fn mixed_stacks_put_python_frames_in_place_of_the_interpreter_loop() {
+    if !require_root("mixed_stacks_put_python_frames_in_place_of_the_interpreter_loop") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_mixed_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=mixed",
+            "--",
+            python.to_str().unwrap(),
+            script().to_str().unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let logged = logged_stacks(&text);
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let mut checked = 0;
+        for r in parse_dump_records(&dump)
+            .iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+        {
+            let what = format!("{version}: {} {}", r[1], r[8]);
+            let want = &logged[&(r[1].clone(), hex(&r[8]))];
+            // Both columns: the Python one is the program's own stack.
+            assert_eq!(&r[10], want, "{what}: Python column");
+            let lines: Vec<&str> = r[11].lines().collect();
+            let is_py = |l: &str| l.contains(" [python] ");
+            // The Python frames, in order, in the C column: `ADDR [python] FUNC at FILE:LINE`.
+            let mixed: String = lines
+                .iter()
+                .filter(|l| is_py(l))
+                .map(|l| {
+                    let rest = l.split_once(" [python] ").unwrap().1;
+                    let (func, loc) = rest.rsplit_once(" at ").unwrap();
+                    let (file, line) = loc.rsplit_once(':').unwrap();
+                    format!("{file}({line}): {func}\n")
+                })
+                .collect();
+            assert_eq!(
+                &mixed, want,
+                "{what}: Python frames in the C column\n{}",
+                r[11]
+            );
+            // Each loop that ran them is gone; C frames stay around them (ctypes calling the
+            // HAL inside, the interpreter's start outside).
+            assert!(
+                !lines
+                    .iter()
+                    .any(|l| l.ends_with(" _PyEval_EvalFrameDefault")
+                        || l.contains(" _PyEval_EvalFrameDefault at ")),
+                "{what}: an interpreter loop frame is left\n{}",
+                r[11]
+            );
+            let first_py = lines.iter().position(|l| is_py(l)).unwrap();
+            let last_py = lines.iter().rposition(|l| is_py(l)).unwrap();
+            assert!(
+                lines[..first_py]
+                    .iter()
+                    .any(|l| l.contains("_ctypes_callproc")),
+                "{what}: no ctypes frame inside the Python frames\n{}",
+                r[11]
+            );
+            // The main thread starts at PyEval_EvalCode, the second one at thread_run.
+            assert!(
+                lines[last_py..]
+                    .iter()
+                    .any(|l| l.contains(" PyEval_EvalCode at ") || l.contains(" thread_run at ")),
+                "{what}: no interpreter start outside the Python frames\n{}",
+                r[11]
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, logged.len(), "{version}: rows");
+    }
+}
