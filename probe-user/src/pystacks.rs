@@ -144,6 +144,67 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
     })
 }
 
+/// The interpreter's own description of its structures (`_Py_DebugOffsets`, the first field
+/// of `_PyRuntime` from 3.13 on): the layout of 3.13, read from `runtime` (the bytes of
+/// `_PyRuntime`, at least 44 words). `None` when there is no such table, the build is
+/// free-threaded (another object layout), or an offset is out of what BPF can read.
+pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
+    let word = |i: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(
+            runtime.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+        ))
+    };
+    if runtime.get(..8)? != b"xdebugpy" || word(2)? != 0 {
+        return None;
+    }
+    let version = word(1)?;
+    let (major, minor) = (
+        ((version >> 24) & 0xff) as u8,
+        ((version >> 16) & 0xff) as u8,
+    );
+    // The table's layout is only promised within one minor version: 3.13's is read here.
+    if (major, minor) != (3, 13) {
+        return None;
+    }
+    let small = |i: usize| -> Option<u32> { u32::try_from(word(i)?).ok() };
+    let frame_field = |i: usize| -> Option<u32> {
+        small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_FRAME_READ)
+    };
+    let base = layout_for(3, 13)?;
+    Some(PyLayout {
+        major,
+        minor,
+        walk: PyProcess {
+            runtime: 0,
+            interpreters_head: small(5)?,
+            interp_next: small(8)?,
+            interp_threads_head: small(9)?,
+            tstate_next: small(21)?,
+            tstate_native_thread_id: small(25)?,
+            tstate_frame: small(23)?,
+            cframe_current_frame: PY_NO_OFFSET,
+            frame_code: frame_field(30)?,
+            frame_previous: frame_field(29)?,
+            frame_instr: frame_field(31)?,
+            frame_owner: frame_field(33)?,
+            frame_is_entry: PY_NO_OFFSET,
+            _pad: 0,
+        },
+        code: CodeLayout {
+            filename: word(35)?,
+            name: word(36)?,
+            qualname: word(37)?,
+            linetable: word(38)?,
+            firstlineno: word(39)?,
+            code_adaptive: word(43)?,
+        },
+        ..base
+    })
+}
+
+/// Words of `_Py_DebugOffsets` that [`layout_from_debug_offsets`] reads.
+const DEBUG_OFFSETS_WORDS: usize = 44;
+
 /// What the symbol table of a process's CPython says, before it is matched with a layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interpreter {
@@ -593,7 +654,13 @@ impl PyStacks {
             self.procs.insert(pid, ProcState::NotPython);
             return Ok(Configured::Nothing);
         };
-        let layout = interp.version.and_then(|(a, b)| layout_for(a, b));
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot open /proc/{pid}/mem"))?;
+        // The interpreter's own offsets where it publishes them (3.13), else our table.
+        let published = read_at(&mem, interp.runtime, DEBUG_OFFSETS_WORDS * 8)
+            .ok()
+            .and_then(|b| layout_from_debug_offsets(&b));
+        let layout = published.or_else(|| interp.version.and_then(|(a, b)| layout_for(a, b)));
         let Some(layout) = layout else {
             let marker: &'static str = match interp.version {
                 Some((a, b)) => {
@@ -604,8 +671,6 @@ impl PyStacks {
             self.procs.insert(pid, ProcState::Unknown(marker));
             return Ok(Configured::Nothing);
         };
-        let mem = File::open(format!("/proc/{pid}/mem"))
-            .with_context(|| format!("cannot open /proc/{pid}/mem"))?;
         let mut walk = layout.walk;
         walk.runtime = interp.runtime;
         self.procs.insert(
@@ -867,6 +932,53 @@ mod tests {
              0x0000000000000060 main\n\
              [truncated]"
         );
+    }
+
+    /// The bytes of `_PyRuntime`'s initial value in an ELF file.
+    fn runtime_image(path: &Path, len: usize) -> Vec<u8> {
+        let data = std::fs::read(path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let addr = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("_PyRuntime"))
+            .unwrap()
+            .address();
+        let section = file
+            .sections()
+            .find(|s| addr >= s.address() && addr < s.address() + s.size())
+            .unwrap();
+        let at = (addr - section.address()) as usize;
+        section.data().unwrap()[at..at + len].to_vec()
+    }
+
+    #[test]
+    fn the_313_table_agrees_with_the_interpreters_published_offsets() {
+        let Some(lib) = std::fs::read_dir("/root/.pyenv/versions")
+            .ok()
+            .and_then(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.path().join("lib/libpython3.13.so.1.0"))
+                    .find(|p| p.is_file())
+            })
+        else {
+            eprintln!("SKIPPED: no libpython3.13 under /root/.pyenv/versions");
+            return;
+        };
+        let image = runtime_image(&lib, DEBUG_OFFSETS_WORDS * 8);
+        assert_eq!(
+            layout_from_debug_offsets(&image),
+            layout_for(3, 13),
+            "{}",
+            lib.display()
+        );
+        // Not a debug-offsets table: no layout from it.
+        let mut other = image.clone();
+        other[0] = b'X';
+        assert_eq!(layout_from_debug_offsets(&other), None);
+        // A free-threaded build lays objects out differently.
+        let mut ft = image;
+        ft[16] = 1;
+        assert_eq!(layout_from_debug_offsets(&ft), None);
     }
 
     #[test]

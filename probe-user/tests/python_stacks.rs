@@ -14,8 +14,18 @@ use common::*;
 
 /// CPython interpreters to test with: 3.11 (required), 3.12 and 3.13 where installed.
 fn interpreters() -> Vec<(String, PathBuf)> {
+    let found = interpreters_of(&[11, 12, 13]);
+    assert!(
+        found.iter().any(|(v, _)| v == "3.11"),
+        "no working python3.11 found (PATH or /root/.pyenv/versions)"
+    );
+    found
+}
+
+/// The working `python3.M` interpreters of these minor versions.
+fn interpreters_of(minors: &[u32]) -> Vec<(String, PathBuf)> {
     let mut found = Vec::new();
-    for minor in [11, 12, 13] {
+    for &minor in minors {
         let name = format!("python3.{minor}");
         let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).map(|d| d.join(&name)).collect())
@@ -42,10 +52,6 @@ fn interpreters() -> Vec<(String, PathBuf)> {
             found.push((format!("3.{minor}"), p));
         }
     }
-    assert!(
-        found.iter().any(|(v, _)| v == "3.11"),
-        "no working python3.11 found (PATH or /root/.pyenv/versions)"
-    );
     found
 }
 
@@ -432,5 +438,53 @@ fn mixed_stacks_put_python_frames_in_place_of_the_interpreter_loop() {
             checked += 1;
         }
         assert_eq!(checked, logged.len(), "{version}: rows");
+    }
+}
+
+#[test]
+fn an_interpreter_of_unknown_version_is_named_in_the_python_column() {
+    if !require_root("an_interpreter_of_unknown_version_is_named_in_the_python_column") {
+        return;
+    }
+    let Some((version, python)) = interpreters_of(&[10]).pop() else {
+        eprintln!("SKIPPED: no python3.10 here to stand for a version without a layout");
+        return;
+    };
+    let _serial = serial();
+    let dir = scratch("python_stacks_unknown");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        python.to_str().unwrap(),
+        script().to_str().unwrap(),
+        "--lib-dir",
+        fixtures().join("lib").to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+    let logged = logged_stacks(&text);
+    let traced = traced_stacks(&out_dir, pid);
+    assert_eq!(
+        traced.keys().collect::<Vec<_>>(),
+        logged.keys().collect::<Vec<_>>(),
+        "rows"
+    );
+    for (key, stack) in &traced {
+        assert_eq!(
+            stack,
+            &format!("[python: unknown version {version}]\n"),
+            "{key:?}"
+        );
     }
 }
