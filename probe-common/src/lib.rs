@@ -127,6 +127,92 @@ pub struct StackEvent {
 /// Size of a [`StackEvent`] without its stack copy.
 pub const STACK_HEADER: usize = core::mem::size_of::<StackEvent>() - STACK_COPY;
 
+/// A Python stack sample (`--call-stack=python`): the calling thread's CPython frame chain,
+/// emitted just before the CALL or CHUNK events of the same call, like a [`StackEvent`]. User
+/// space turns each frame's code object and instruction pointer into `file(line): function`.
+pub const PYSTACK_KIND: u16 = 9;
+/// Frames one Python sample holds (deeper stacks are cut and flagged [`py_flags::TRUNCATED`]).
+pub const PY_MAX_FRAMES: usize = 128;
+/// Bytes of an `_PyInterpreterFrame` read at once: every field the walk needs lies in them.
+pub const PY_FRAME_READ: usize = 80;
+/// [`PyProcess`] offsets that a version does not have.
+pub const PY_NO_OFFSET: u32 = u32::MAX;
+
+/// Bits of [`PyStackEvent::flags`].
+pub mod py_flags {
+    /// No thread state of the process's interpreters belongs to this thread (a thread that
+    /// never ran Python, or one created before the interpreter knew it).
+    pub const NO_THREAD_STATE: u16 = 1 << 0;
+    /// Reading the thread state or a frame failed: the frames before it are valid.
+    pub const READ_FAULT: u16 = 1 << 1;
+    /// More frames than [`super::PY_MAX_FRAMES`].
+    pub const TRUNCATED: u16 = 1 << 2;
+    /// A frame's `previous` pointed back into the chain (it changed while being read).
+    pub const CHAIN_LOOP: u16 = 1 << 3;
+}
+
+/// One Python frame of a [`PyStackEvent`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFrameRecord {
+    /// The frame's code object (`f_code`, `f_executable` from 3.13 on).
+    pub code: u64,
+    /// The instruction being executed (`prev_instr`, `instr_ptr` from 3.13 on).
+    pub instr: u64,
+    /// Bits 0..8: the frame's `owner`; bit 8: `is_entry` (3.11: the first frame run by its
+    /// `_PyEval_EvalFrameDefault` call).
+    pub meta: u64,
+}
+
+/// A Python stack sample; only the first `PY_STACK_HEADER + nframes * 24` bytes are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyStackEvent {
+    pub kind: u16,
+    pub flags: u16,
+    pub nframes: u16,
+    pub _pad: u16,
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's `PyThreadState` (0 when none was found).
+    pub tstate: u64,
+    /// Innermost first.
+    pub frames: [PyFrameRecord; PY_MAX_FRAMES],
+}
+
+/// Size of a [`PyStackEvent`] without its frames.
+pub const PY_STACK_HEADER: usize =
+    core::mem::size_of::<PyStackEvent>() - PY_MAX_FRAMES * core::mem::size_of::<PyFrameRecord>();
+
+/// Where a traced process's CPython keeps its threads and frames (`PY_PROCS`, by pid):
+/// the address of `_PyRuntime` and the structure offsets of its version, written by user
+/// space once it has found the interpreter in the process's mappings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcess {
+    pub runtime: u64,
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interpreters_head: u32,
+    /// `PyInterpreterState.next`, `.threads.head`.
+    pub interp_next: u32,
+    pub interp_threads_head: u32,
+    /// `PyThreadState.next`, `.native_thread_id`.
+    pub tstate_next: u32,
+    pub tstate_native_thread_id: u32,
+    /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13+).
+    pub tstate_frame: u32,
+    /// `_PyCFrame.current_frame`; [`PY_NO_OFFSET`] when `tstate_frame` is the frame itself.
+    pub cframe_current_frame: u32,
+    /// `_PyInterpreterFrame` fields, all below `PY_FRAME_READ - 8`.
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_instr: u32,
+    pub frame_owner: u32,
+    /// `is_entry` (3.11 only, else [`PY_NO_OFFSET`]).
+    pub frame_is_entry: u32,
+    pub _pad: u32,
+}
+
 /// Chunks a `BATCH` probe emits at most per call (more elements are counted as dropped).
 pub const MAX_CHUNKS: u32 = 4096;
 
@@ -336,6 +422,9 @@ pub struct TracepointOffsets {
     /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
     /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding.
     pub capture_stacks: u32,
+    /// 1: a Python stack sample with every traced call of a process in `PY_PROCS`
+    /// (`--call-stack=python`).
+    pub python_stacks: u32,
 }
 
 /// Linux `CLONE_THREAD`.
@@ -348,4 +437,6 @@ mod pod {
     unsafe impl aya::Pod for super::ProbeSpec {}
     unsafe impl aya::Pod for super::TracepointOffsets {}
     unsafe impl aya::Pod for super::StackEvent {}
+    unsafe impl aya::Pod for super::PyStackEvent {}
+    unsafe impl aya::Pod for super::PyProcess {}
 }

@@ -14,6 +14,8 @@
 #![no_std]
 #![no_main]
 
+mod python;
+
 use core::ffi::c_void;
 
 use aya_ebpf::{
@@ -172,6 +174,7 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     openat_ret: 16,
     stop_on_discovery: 0,
     capture_stacks: 0,
+    python_stacks: 0,
 };
 
 #[map]
@@ -214,6 +217,7 @@ fn is_traced(tgid: u32) -> bool {
 /// frame-pointer walk, and as much of the user stack above sp as can be read, up to 8 KiB.
 #[inline(always)]
 fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
+    python::emit_python_stack(tgid, tid);
     if offsets().capture_stacks == 0 {
         return;
     }
@@ -903,7 +907,11 @@ fn pop_call(ctx: &RetProbeContext) -> Option<PendingSlot> {
 #[inline(always)]
 fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
     let spec = *PROBE_SPECS.get(call.probe & COOKIE_PROBE_MASK as u32)?;
-    if offsets().capture_stacks == 0 && BATCHING.get(0).is_some_and(|b| *b != 0) {
+    // A call with a stack sample goes straight out after it (user space pairs them by order).
+    if offsets().capture_stacks == 0
+        && offsets().python_stacks == 0
+        && BATCHING.get(0).is_some_and(|b| *b != 0)
+    {
         return batch_call(ctx, call, &spec);
     }
     let (ts_ns, ret_ts_ns) = call_times(call, &spec);

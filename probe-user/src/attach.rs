@@ -139,6 +139,8 @@ pub struct Planner {
     specs_loaded: bool,
     /// Attach the `exit()` hold (stacks in launch mode; see `ProbeId::LibcExit`).
     pub hold_at_exit: bool,
+    /// Attach the `Py_FinalizeEx` hold (Python stacks in launch mode; `ProbeId::PyFinalize`).
+    pub hold_at_python_exit: bool,
     /// Which processes the probes fire in.
     pub scope: Scope,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
@@ -162,6 +164,7 @@ impl Planner {
             debug: Vec::new(),
             specs_loaded: false,
             hold_at_exit: false,
+            hold_at_python_exit: false,
             scope: Scope::AllProcesses,
             torch_npu_sites: HashMap::new(),
         }
@@ -466,6 +469,11 @@ impl Planner {
         let scope = self.scope;
         for p in &PROBES {
             if p.id == probes::ProbeId::LibcExit && !self.hold_at_exit {
+                continue;
+            }
+            if matches!(p.id, probes::ProbeId::PyFinalize | probes::ProbeId::PyExit)
+                && !self.hold_at_python_exit
+            {
                 continue;
             }
             let belongs = match p.home {

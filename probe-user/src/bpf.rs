@@ -506,6 +506,26 @@ impl Bpf {
         let _ = self.traced_gen.set(0, self.generation, 0);
     }
 
+    /// Tells the BPF side where `pid`'s CPython keeps its frames (`--call-stack=python`).
+    pub fn set_python_process(&mut self, pid: u32, layout: &probe_common::PyProcess) -> Result<()> {
+        let mut map: HashMap<&mut MapData, u32, probe_common::PyProcess> = HashMap::try_from(
+            self.ebpf
+                .map_mut("PY_PROCS")
+                .ok_or_else(|| anyhow!("BPF map PY_PROCS missing"))?,
+        )?;
+        map.insert(pid, *layout, 0)
+            .with_context(|| format!("cannot store the Python layout of pid {pid}"))
+    }
+
+    /// `pid` exited or exec'd: its interpreter is gone.
+    pub fn forget_python_process(&mut self, pid: u32) {
+        if let Some(m) = self.ebpf.map_mut("PY_PROCS")
+            && let Ok(mut map) = HashMap::<&mut MapData, u32, probe_common::PyProcess>::try_from(m)
+        {
+            let _ = map.remove(&pid);
+        }
+    }
+
     /// The CPUs `flush_call_batches` visits.
     pub fn cpu_count(&self) -> usize {
         self.cpus.len()

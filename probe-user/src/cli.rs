@@ -264,6 +264,9 @@ impl AnalysisSet {
 pub struct CallStack {
     pub c_depth: Option<u32>,
     pub python_depth: Option<u32>,
+    /// `mixed[:D]` (ours): both stacks, and in the C column each `_PyEval_EvalFrameDefault`
+    /// frame is replaced by the Python frames it was running.
+    pub mixed: bool,
 }
 
 /// `--collect-mode`.
@@ -477,7 +480,11 @@ WHAT TO COLLECT:
         --steps <LIST>              Keep only events inside these mstx steps (integers >= 1,
                                     at most 5); turns leak analysis off
         --call-stack <LIST>         c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
-                                    an empty value disables stacks [default: no stacks]
+                                    an empty value disables stacks [default: no stacks];
+                                    python: CPython 3.11-3.13 frames read from outside the
+                                    process (Call Stack(Python) column); mixed: c and python,
+                                    with the Python frames in the C column in place of the
+                                    interpreter loop (_PyEval_EvalFrameDefault) running them
         --collect-mode <MODE>       immediate | deferred [default: immediate]
         --watch <SPEC>              [START[:OUTID]],END[,full-content]: watch the outputs of
                                     op START until op END (the comma before END is required)
@@ -1635,11 +1642,17 @@ fn parse_call_stack(opt: &str, v: &str) -> Result<CallStack, CliError> {
         match kind {
             "c" => cs.c_depth = Some(depth),
             "python" => cs.python_depth = Some(depth),
+            "mixed" => {
+                cs.c_depth = Some(depth);
+                cs.python_depth = Some(cs.python_depth.unwrap_or(depth));
+                cs.mixed = true;
+            }
             _ => {
                 return Err(invalid(
                     opt,
                     t,
-                    "expected c[:DEPTH] or python[:DEPTH] (an empty value disables stacks)",
+                    "expected c[:DEPTH], python[:DEPTH] or mixed[:DEPTH] (an empty value \
+                     disables stacks)",
                 ));
             }
         }
@@ -2293,7 +2306,8 @@ mod tests {
             o.call_stack,
             CallStack {
                 c_depth: None,
-                python_depth: None
+                python_depth: None,
+                mixed: false
             }
         );
         assert_eq!(o.collect_mode, CollectMode::Immediate);
@@ -3205,21 +3219,32 @@ mod tests {
             launch(&["--call-stack=c"]).call_stack,
             CallStack {
                 c_depth: Some(50),
-                python_depth: None
+                python_depth: None,
+                mixed: false
             }
         );
         assert_eq!(
             launch(&["--call-stack=c:20,python:10"]).call_stack,
             CallStack {
                 c_depth: Some(20),
-                python_depth: Some(10)
+                python_depth: Some(10),
+                mixed: false
             }
         );
         assert_eq!(
             launch(&["--call-stack=python:1000\u{ff0c}c:0"]).call_stack,
             CallStack {
                 c_depth: Some(0),
-                python_depth: Some(1000)
+                python_depth: Some(1000),
+                mixed: false
+            }
+        );
+        assert_eq!(
+            launch(&["--call-stack=python:10,mixed:30"]).call_stack,
+            CallStack {
+                c_depth: Some(30),
+                python_depth: Some(10),
+                mixed: true
             }
         );
         assert_eq!(

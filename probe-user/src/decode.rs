@@ -498,7 +498,7 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             let usage = crate::torch_npu::MemoryUsage::decode(layout, raw.data())?;
             (Call::PtaUsage(usage), raw.ts_ns)
         }
-        ProbeId::LibcExit => (
+        ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,
             },

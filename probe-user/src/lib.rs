@@ -24,6 +24,7 @@ pub mod output;
 pub mod placement;
 pub mod pools;
 pub mod probes;
+pub mod pystacks;
 pub mod report;
 pub mod session;
 pub mod stacks;

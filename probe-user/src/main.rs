@@ -90,13 +90,7 @@ fn run(opts: Options) -> Result<u8> {
         }
         _ => {}
     }
-    for (given, what) in [
-        (
-            opts.call_stack.python_depth.is_some(),
-            "--call-stack=python",
-        ),
-        (opts.watch.is_some(), "--watch"),
-    ] {
+    for (given, what) in [(opts.watch.is_some(), "--watch")] {
         if given {
             log::warn(&format!(
                 "{what} is accepted for compatibility but not implemented yet; ignored"
@@ -162,9 +156,20 @@ fn run(opts: Options) -> Result<u8> {
         (Some(_), Ok("fp")) => 1,
         (Some(_), _) => 2,
     };
+    let python_depth = opts
+        .call_stack
+        .python_depth
+        .filter(|d| *d > 0)
+        .map(|d| d as usize);
+    offsets.python_stacks = python_depth.is_some() as u32;
+    let mut python = python_depth.map(memscope_bpf::pystacks::PyStacks::new);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     let mut planner = Planner::new(opts.libs.clone());
+    // Held at exit(), a process's stacks can still be resolved (its mappings, the code objects
+    // of Python samples still on their way).
     planner.hold_at_exit = stack_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
+    planner.hold_at_python_exit =
+        python_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
     planner.scope = bpf::probe_scope();
     if planner.scope == bpf::Scope::Traced && matches!(opts.mode, Mode::Launch { .. }) {
         // Each new process gets its own probes; hold it until they are in place.
@@ -203,6 +208,10 @@ fn run(opts: Options) -> Result<u8> {
                 .plan_process(&mut bpf, pid)
                 .with_context(|| format!("cannot plan probes for pid {pid}"))?;
             report_plan(&mut planner);
+            // Its interpreter is there already: Python stacks from the first call on.
+            if let Some(py) = &mut python {
+                py.enable(&mut bpf, pid, true);
+            }
             if !session::process_alive(pid) {
                 return Err(usage(format!(
                     "process {pid} exited before tracing started"
@@ -234,6 +243,8 @@ fn run(opts: Options) -> Result<u8> {
         leaks: opts.analysis.leaks,
         child,
         stack_depth,
+        python,
+        mixed: opts.call_stack.mixed,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -50,13 +50,15 @@ pub enum ProbeId {
     AtbKernelDirAbi0 = 38,
     AtbKernelInAbi0 = 39,
     AtbKernelOutAbi0 = 40,
+    PyFinalize = 41,
+    PyExit = 42,
     /// torch_npu's `reportMemoryDataToNpuProfiler(const MemoryUsage&)`, found by code analysis
     /// (`torch_npu.rs`); one id per `MemoryUsage` layout, so decoding knows which one it is.
-    PtaUsageOriginal = 41,
-    PtaUsageWithComponent = 42,
+    PtaUsageOriginal = 43,
+    PtaUsageWithComponent = 44,
     /// Every `aclnnX(workspace, workspaceSize, executor, stream)` of the op libraries
     /// (`aclnn.rs`); the function is the cookie's upper bits.
-    AclnnOp = 43,
+    AclnnOp = 45,
 }
 
 impl ProbeId {
@@ -311,7 +313,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 43] = [
+pub const PROBES: [ProbeDef; 45] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -461,6 +463,24 @@ pub const PROBES: [ProbeDef; 43] = [
         id: ProbeId::LibcExit,
         symbol: "exit",
         home: Home::Library("libc.so.6"),
+        spec: spec(sf::STOP_AT_ENTRY, 0, 0, 0),
+    },
+    // int Py_FinalizeEx(void): with Python stacks in launch mode, the process is held here
+    // until user space has read the code objects of its last samples (finalizing frees them,
+    // and a short script gets there before its samples are read). In libpython or a
+    // statically linked python, which export it.
+    ProbeDef {
+        id: ProbeId::PyFinalize,
+        symbol: "Py_FinalizeEx",
+        home: Home::AnyExporter,
+        spec: spec(sf::STOP_AT_ENTRY, 0, 0, 0),
+    },
+    // void Py_Exit(int): `SystemExit` (sys.exit(), `raise SystemExit`) finalizes through it,
+    // and from 3.13 on without calling Py_FinalizeEx.
+    ProbeDef {
+        id: ProbeId::PyExit,
+        symbol: "Py_Exit",
+        home: Home::AnyExporter,
         spec: spec(sf::STOP_AT_ENTRY, 0, 0, 0),
     },
     // Kernel launches (spec §1.4): entry probes; the kernel is named in user space.
@@ -661,6 +681,8 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
         // a missing one is not worth a warning.
         .filter(|p| {
             launch_args(p.id).is_none()
+                // The Python holds belong to whatever object has the interpreter.
+                && !matches!(p.id, ProbeId::PyFinalize | ProbeId::PyExit)
                 && !matches!(
                     atb_part(p.id),
                     Some(AtbPart::KernelDir | AtbPart::KernelTensors { .. })

@@ -28,6 +28,7 @@ use crate::{
     launch, log,
     output::{ProcessOutput, Row},
     probes::{KernelRef, launch_args},
+    pystacks::{self, PyStack, PyStacks},
     stacks::{self, StackResolver, StackSample},
     tracker::{ProcessState, ProcessStats, TrackOptions},
 };
@@ -57,6 +58,10 @@ pub struct SessionConfig {
     pub child: Option<u32>,
     /// `--call-stack=c:D`: resolve C stacks up to D frames.
     pub stack_depth: Option<usize>,
+    /// `--call-stack=python`: Python stacks (of processes already found to run CPython).
+    pub python: Option<PyStacks>,
+    /// `--call-stack=mixed`: the C column shows the Python frames in place of the loop.
+    pub mixed: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +89,8 @@ struct Pending {
     event: Decoded,
     /// The stack job of this call, and its text once resolved.
     stack: Option<(u64, Option<Arc<str>>)>,
+    /// Its Python stack (resolved when the sample arrived).
+    py_stack: Option<Arc<str>>,
 }
 
 impl PartialEq for Pending {
@@ -126,6 +133,11 @@ pub struct Session {
     child_status: Option<i32>,
     stacks: Option<StackResolver>,
     pending_stacks: HashMap<u32, StackSample>,
+    /// `--call-stack=python`: processes' interpreters and code objects.
+    python: Option<PyStacks>,
+    /// Thread -> the Python stack BPF sent just before its next call (already resolved; the
+    /// frames too for the mixed view).
+    pending_py: HashMap<u32, (Arc<str>, Option<Arc<PyStack>>)>,
     kernel_names: KernelNames,
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
@@ -143,8 +155,9 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 }
 
 impl Session {
-    pub fn new(bpf: Bpf, planner: Planner, cfg: SessionConfig) -> Self {
+    pub fn new(bpf: Bpf, planner: Planner, mut cfg: SessionConfig) -> Self {
         let stack_depth = cfg.stack_depth;
+        let python = cfg.python.take();
         let realtime_offset =
             clock_ns(libc::CLOCK_REALTIME) as i128 - clock_ns(libc::CLOCK_MONOTONIC) as i128;
         Session {
@@ -163,6 +176,8 @@ impl Session {
             child_status: None,
             stacks: stack_depth.map(StackResolver::new),
             pending_stacks: HashMap::new(),
+            python,
+            pending_py: HashMap::new(),
             kernel_names: KernelNames::default(),
             flushed_at: 0,
         }
@@ -200,6 +215,7 @@ impl Session {
                         last_rescan = Instant::now();
                         for pid in self.bpf.traced_processes() {
                             self.planner.scan_maps(&mut self.bpf, pid, &mut Vec::new())?;
+                            self.configure_python(pid, true);
                         }
                         self.print_planner_messages();
                     }
@@ -326,6 +342,17 @@ impl Session {
     }
 
     fn handle_record(&mut self, item: &[u8]) -> Result<()> {
+        if let Some(sample) = pystacks::sample_from_bytes(item) {
+            self.events += 1;
+            // Resolved now: the code objects are read while the process is surely alive.
+            if let Some(py) = &mut self.python {
+                let stack = py.resolve(&sample);
+                let text = Arc::from(stack.text());
+                let frames = self.cfg.mixed.then(|| Arc::new(stack));
+                self.pending_py.insert(sample.tid, (text, frames));
+            }
+            return Ok(());
+        }
         if let Some(sample) = stacks::sample_from_bytes(item) {
             self.events += 1;
             self.pending_stacks.insert(sample.tid, sample);
@@ -352,6 +379,9 @@ impl Session {
                     pid, path, stopped, ..
                 } => {
                     log::debug(&format!("pid {pid} exec {}", path.display()));
+                    self.forget_python(*pid);
+                    // A statically linked python has its runtime mapped already.
+                    self.configure_python(*pid, true);
                     let planned = self.planner.on_exec(&mut self.bpf, *pid, path);
                     self.resume_if(*stopped, *pid);
                     planned?;
@@ -369,6 +399,8 @@ impl Session {
                     }
                     self.kernel_names.invalidate(*pid);
                     let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
+                    // Python has mapped libpython by the time it opens anything else.
+                    self.configure_python(*pid, true);
                     if *stopped {
                         log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
                         self.bpf
@@ -407,6 +439,11 @@ impl Session {
                 }
                 Decoded::Call(_) | Decoded::Exit { .. } => {
                     let mut ev = ev;
+                    match &ev {
+                        Decoded::Exit { pid, .. } => self.forget_python(*pid),
+                        Decoded::Call(c) => self.configure_python(c.pid, false),
+                        _ => {}
+                    }
                     if let Decoded::Call(CallEvent {
                         pid,
                         call:
@@ -424,16 +461,52 @@ impl Session {
                     }
                     self.seq += 1;
                     let stack = self.stack_job(&ev);
+                    let py_stack = self.python_stack_of(&ev);
                     self.reorder.push(Reverse(Pending {
                         ts: ev.ts_mono(),
                         seq: self.seq,
                         event: ev,
                         stack,
+                        py_stack,
                     }));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Looks for CPython in a process not known to run it yet, and tells BPF where its frames
+    /// are. Cheap when there is nothing to do (a map lookup, or reading /proc/PID/maps).
+    /// `again`: look again in a process where none was found before (it may have loaded
+    /// libpython since).
+    fn configure_python(&mut self, pid: u32, again: bool) {
+        if let Some(py) = &mut self.python {
+            py.enable(&mut self.bpf, pid, again);
+        }
+    }
+
+    fn forget_python(&mut self, pid: u32) {
+        if let Some(py) = &mut self.python {
+            py.forget(pid);
+            self.bpf.forget_python_process(pid);
+        }
+    }
+
+    /// The Python stack of a call: the sample BPF sent just before it on the same thread, or
+    /// a marker saying why there is none.
+    fn python_stack_of(&mut self, ev: &Decoded) -> Option<Arc<str>> {
+        let Decoded::Call(call) = ev else { return None };
+        let py = self.python.as_ref()?;
+        let batch = matches!(
+            call.call,
+            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
+        );
+        let text = if batch {
+            self.pending_py.get(&call.tid).map(|p| p.0.clone())
+        } else {
+            self.pending_py.remove(&call.tid).map(|p| p.0)
+        };
+        Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
     }
 
     /// Pairs a call with the stack sample BPF sent just before it on the same thread.
@@ -450,7 +523,9 @@ impl Session {
         } else {
             self.pending_stacks.remove(&call.tid)
         }?;
-        Some((resolver.submit(sample, call.at_return), None))
+        // Before `python_stack_of` takes the Python sample of the same call.
+        let python = self.pending_py.get(&call.tid).and_then(|p| p.1.clone());
+        Some((resolver.submit(sample, call.at_return, python), None))
     }
 
     /// Applies held events older than the reorder window (all of them when `all`).
@@ -480,12 +555,14 @@ impl Session {
             }
             let Reverse(p) = self.reorder.pop().expect("peeked");
             let c_stack = p.stack.and_then(|(_, text)| text);
+            let py_stack = p.py_stack;
             match p.event {
                 Decoded::Call(call) => {
                     let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
                     let mut rows = std::mem::take(&mut self.rows);
                     let traced = self.traced(call.pid);
+                    traced.state.set_python_stack(py_stack);
                     traced
                         .state
                         .apply_into(&call, ts, &track, c_stack, &mut rows);

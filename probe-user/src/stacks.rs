@@ -9,6 +9,7 @@ use std::{
     thread,
 };
 
+use crate::pystacks::{self, PyStack};
 use memscope_symbols::{
     Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions, format_stack,
     unwind,
@@ -64,6 +65,8 @@ struct Job {
     sample: StackSample,
     /// The sample was taken at a function's return: its first pc is a return address too.
     at_return: bool,
+    /// `--call-stack=mixed`: the call's Python stack, put in place of the interpreter loop.
+    python: Option<Arc<PyStack>>,
 }
 
 /// Resolves stacks on a worker thread; results come back by job id.
@@ -116,8 +119,14 @@ impl StackResolver {
         }
     }
 
-    /// Queues a sample; returns the id to collect its text with.
-    pub fn submit(&mut self, sample: StackSample, at_return: bool) -> u64 {
+    /// Queues a sample (with the call's Python stack for the mixed view); returns the id to
+    /// collect its text with.
+    pub fn submit(
+        &mut self,
+        sample: StackSample,
+        at_return: bool,
+        python: Option<Arc<PyStack>>,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let view = match self.views.get(&sample.pid) {
@@ -140,6 +149,7 @@ impl StackResolver {
                 view,
                 sample,
                 at_return,
+                python,
             });
         }
         id
@@ -212,7 +222,10 @@ fn resolve(symbolizer: &Symbolizer, job: &Job, depth: usize) -> Arc<str> {
         .enumerate()
         .flat_map(|(i, pc)| symbolizer.symbolize(&job.view, *pc, i > 0 || job.at_return))
         .collect();
-    Arc::from(format_stack(&frames, unwound.truncated()))
+    Arc::from(match &job.python {
+        Some(py) => pystacks::mix(&frames, py, unwound.truncated()),
+        None => format_stack(&frames, unwound.truncated()),
+    })
 }
 
 #[cfg(test)]
@@ -265,6 +278,7 @@ mod tests {
                 stack: vec![],
             },
             false,
+            None,
         );
         let text = r.wait(id);
         let first = text.lines().next().unwrap();

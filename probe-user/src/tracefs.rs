@@ -58,6 +58,7 @@ pub fn read_offsets(root: &Path) -> Result<TracepointOffsets> {
         openat_ret: field("syscalls/sys_exit_openat", "ret")?,
         stop_on_discovery: 0,
         capture_stacks: 0,
+        python_stacks: 0,
     })
 }
 

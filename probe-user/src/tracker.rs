@@ -183,6 +183,8 @@ pub struct ProcessState {
     streams: HashMap<u64, (u32, u64)>,
     /// The stack of the call being applied (set by `apply`).
     current_stack: Option<std::sync::Arc<str>>,
+    /// Its Python stack (set by `set_python_stack` before `apply`).
+    current_py_stack: Option<std::sync::Arc<str>>,
     last_oom_detail_ns: Option<u64>,
     pub stats: ProcessStats,
     /// An empty vector with capacity, reused as `apply_call`'s row list by `apply_into`, so
@@ -270,6 +272,12 @@ impl ProcessState {
         }
     }
 
+    /// The Python stack (`--call-stack=python`) of the next call given to `apply`: its rows
+    /// carry it.
+    pub fn set_python_stack(&mut self, stack: Option<std::sync::Arc<str>>) {
+        self.current_py_stack = stack;
+    }
+
     /// Applies one call; returns the rows to write (possibly none).
     /// `stack` is the C stack of the call (`--call-stack=c`): its rows carry it, and so do the
     /// blocks it allocates.
@@ -308,8 +316,12 @@ impl ProcessState {
             if r.c_stack.is_none() && r.event != "OOM_DETAIL" {
                 r.c_stack = self.current_stack.clone();
             }
+            if r.py_stack.is_none() && r.event != "OOM_DETAIL" {
+                r.py_stack = self.current_py_stack.clone();
+            }
         }
         self.current_stack = None;
+        self.current_py_stack = None;
         if out.is_empty() {
             // The usual case: hand over the vector itself, keep `out`'s allocation as spare.
             std::mem::swap(out, &mut rows);
@@ -346,6 +358,7 @@ impl ProcessState {
             ptr: None,
             attr: format!("func:{func},req_size:{size},flag:{flag}"),
             c_stack: self.current_stack.clone(),
+            py_stack: self.current_py_stack.clone(),
         };
         rows.push(base.clone());
         if self
@@ -412,6 +425,7 @@ impl ProcessState {
                 ptr: None,
                 attr: String::new(),
                 c_stack: None,
+                py_stack: None,
             };
         match &ev.call {
             Call::HalAlloc {
@@ -655,6 +669,7 @@ impl ProcessState {
                         ptr: None,
                         attr,
                         c_stack: None,
+                        py_stack: None,
                     };
                     rows.push(op_row("ACLNN_START", ts_ns, attr));
                     rows.push(op_row(
@@ -892,6 +907,7 @@ impl ProcessState {
             ptr: None,
             attr: String::new(),
             c_stack: None,
+            py_stack: None,
         };
         if let Some(body) = rest.strip_prefix("b:") {
             let name = field(body, "name").unwrap_or_default();
@@ -988,6 +1004,7 @@ impl ProcessState {
                 ptr: Some(ptr),
                 attr,
                 c_stack: None,
+                py_stack: None,
             });
         }
     }
@@ -1082,6 +1099,7 @@ impl ProcessState {
             ptr: None,
             attr,
             c_stack: None,
+            py_stack: None,
         };
         for o in outs {
             let start = matches!(o, AtbOut::OpStart { .. });
@@ -1228,6 +1246,7 @@ impl ProcessState {
                 b.allocation_id, b.addr, b.size, c.allocated, c.reserved
             ),
             c_stack: None,
+            py_stack: None,
         }
     }
 
@@ -1442,6 +1461,7 @@ impl ProcessState {
             ptr: Some(b.addr),
             attr,
             c_stack: None,
+            py_stack: None,
         }
     }
 }

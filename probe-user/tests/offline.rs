@@ -127,6 +127,7 @@ fn sample_rows() -> Vec<Row> {
         ptr,
         attr: attr.to_string(),
         c_stack: None,
+        py_stack: None,
     };
     vec![
         r(
@@ -857,6 +858,7 @@ fn numbered_row(i: u64) -> Row {
             0x1000 + i
         ),
         c_stack: None,
+        py_stack: None,
     }
 }
 

@@ -61,6 +61,7 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
             "{TAG} torch test bed: skipped (MEMSCOPE_TORCH_BED=off); its tests will say SKIPPED"
         );
     }
+    step("py-spy", py_spy)?;
     step("kernel BTF", btf)?;
     let is_root = crate::effective_uid() == Some(0);
     if is_root {
@@ -400,6 +401,29 @@ fn chromium() -> Result<String> {
         Some(p) => Ok(format!("installed {}", p.display())),
         None => bail!("apt-get installed chromium but it is not on PATH"),
     }
+}
+
+/// py-spy (PyPI): the independent reader the Python-stack tests compare our frames with.
+/// Installed with the pip of the `python3` on PATH, which puts it beside that interpreter.
+fn py_spy() -> Result<String> {
+    if let Some(v) = cmd::probe(Command::new("py-spy").arg("--version")) {
+        return Ok(format!("{} already there", v.trim()));
+    }
+    let mut pip = Command::new("python3");
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "py-spy",
+    ]);
+    cmd::output(&mut pip)?;
+    // pyenv reaches new scripts through shims made by `rehash`.
+    let _ = cmd::probe(Command::new("pyenv").arg("rehash"));
+    let v = cmd::probe(Command::new("py-spy").arg("--version"))
+        .context("pip installed py-spy, but it is not on PATH")?;
+    Ok(format!("{} installed", v.trim()))
 }
 
 fn fixtures(repo: &Path) -> Result<String> {

@@ -30,6 +30,8 @@ pub struct Row {
     pub attr: String,
     /// The `Call Stack(C)` text (docs/call-stacks.md), when stacks are collected.
     pub c_stack: Option<std::sync::Arc<str>>,
+    /// The `Call Stack(Python)` text (`file(line): function` lines, `--call-stack=python`).
+    pub py_stack: Option<std::sync::Arc<str>>,
 }
 
 impl Row {
@@ -72,18 +74,25 @@ impl Row {
             out.extend_from_slice(self.attr.as_bytes());
             out.extend_from_slice(b"}\"");
         }
-        out.extend_from_slice(b",,");
-        if let Some(st) = &self.c_stack {
-            out.push(b'"');
-            for part in st.split('"').enumerate() {
-                if part.0 > 0 {
-                    out.extend_from_slice(b"\"\"");
-                }
-                out.extend_from_slice(part.1.as_bytes());
-            }
-            out.push(b'"');
-        }
+        out.push(b',');
+        push_quoted(out, self.py_stack.as_deref());
+        out.push(b',');
+        push_quoted(out, self.c_stack.as_deref());
         out.push(b'\n');
+    }
+}
+
+/// A stack column: quoted (it holds newlines), quotes doubled; nothing when there is none.
+fn push_quoted(out: &mut Vec<u8>, text: Option<&str>) {
+    if let Some(st) = text {
+        out.push(b'"');
+        for part in st.split('"').enumerate() {
+            if part.0 > 0 {
+                out.extend_from_slice(b"\"\"");
+            }
+            out.extend_from_slice(part.1.as_bytes());
+        }
+        out.push(b'"');
     }
 }
 
@@ -716,6 +725,7 @@ mod tests {
             ptr: Some(0x3039),
             attr: "allocation_id:1,addr:0x0000000000003039,size:10,used:10".into(),
             c_stack: None,
+            py_stack: None,
         }
     }
 

@@ -156,7 +156,7 @@ impl DbWriter {
                 row.device.to_string(),
                 ptr,
                 attr::attr_text_to_json(&row.attr),
-                "",
+                row.py_stack.as_deref().unwrap_or(""),
                 row.c_stack.as_deref().unwrap_or(""),
             ])
         });
@@ -223,6 +223,7 @@ mod tests {
             ptr: Some(0x3039),
             attr: "allocation_id:1,addr:0x0000000000003039,size:10".into(),
             c_stack: None,
+            py_stack: None,
         };
         for id in 0..(COMMIT_EVERY_ROWS as u64 + 3) {
             w.insert(id, &row).unwrap();

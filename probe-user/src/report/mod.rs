@@ -20,7 +20,6 @@ pub mod sites;
 
 use std::{
     io::Write,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -78,26 +77,42 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Opens `path` for writing under the rules of [`write_output`].
+/// Opens `path` for writing under the rules of [`write_output`]: its directory is reached
+/// (and made, 0750) through `fsutil::Dir`, which follows no symlink an untrusted user could
+/// have planted, and the file is opened relative to it with `O_NOFOLLOW`.
 pub fn open_output(path: &Path) -> Result<std::fs::File> {
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        anyhow::ensure!(
-            !md.file_type().is_symlink(),
-            "{} is a symbolic link; refusing to write through it",
-            path.display()
-        );
+    use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
+    let parent = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    let dir = crate::output::fsutil::Dir::open_root(parent)?;
+    let cname = std::ffi::CString::new(name.as_bytes())
+        .with_context(|| format!("{} has a NUL byte", path.display()))?;
+    // SAFETY: openat with a valid directory fd and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.fd(),
+            cname.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o640,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            anyhow::bail!(
+                "{} is a symbolic link; refusing to write through it",
+                path.display()
+            );
+        }
+        return Err(e).with_context(|| format!("cannot create {}", path.display()));
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::output::fsutil::create_dir_secure(dir, dir)?;
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// `<dir>/<stem><suffix>` next to the HTML output.

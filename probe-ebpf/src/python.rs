@@ -1,0 +1,251 @@
+//! Python stacks (`--call-stack=python`): at a traced call of a process that runs CPython,
+//! find the calling thread's `PyThreadState` (the interpreters' thread lists, matched by
+//! `native_thread_id`, cached per thread) and send its `_PyInterpreterFrame` chain: each
+//! frame's code object and instruction pointer. User space reads the code objects and line
+//! tables. The thread is inside the probe, so its own chain cannot change while it is read;
+//! a failed read or a chain that loops is still flagged, never followed further.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::{bpf_probe_read_user, generated::bpf_loop},
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+};
+use probe_common::{
+    PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord,
+    PyProcess, PyStackEvent, counter, py_flags,
+};
+
+use crate::{BPF_RB_NO_WAKEUP, EVENTS, bump, offsets};
+
+/// pid -> where its interpreter keeps threads and frames (written by user space).
+#[map]
+static PY_PROCS: HashMap<u32, PyProcess> = HashMap::with_max_entries(4096, 0);
+
+/// tid -> its `PyThreadState`, checked against `native_thread_id` before each use.
+#[map]
+static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+
+#[map]
+static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// One frame's bytes; room past `PY_FRAME_READ` so a masked field offset stays in bounds.
+#[repr(C)]
+struct FrameBuf {
+    bytes: [u8; 2 * PY_FRAME_READ],
+}
+
+#[map]
+static PY_FRAME_BUF: PerCpuArray<FrameBuf> = PerCpuArray::with_max_entries(1, 0);
+
+/// Field offsets are masked with this: any masked offset plus 8 stays inside `FrameBuf`.
+const FIELD_MASK: usize = 127;
+const _: () = assert!(FIELD_MASK + 8 <= 2 * PY_FRAME_READ && PY_FRAME_READ <= FIELD_MASK);
+
+/// Thread-state lookups give up after this many steps (interpreters plus threads).
+const FIND_STEPS: u32 = 512;
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// Sends the Python stack of the current thread if its process runs a known CPython.
+#[inline(never)]
+pub fn emit_python_stack(tgid: u32, tid: u32) {
+    if offsets().python_stacks == 0 {
+        return;
+    }
+    let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
+        return;
+    };
+    let p = *p;
+    let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let ev = unsafe { &mut *ev };
+    ev.kind = PYSTACK_KIND;
+    ev.flags = 0;
+    ev.nframes = 0;
+    ev.pid = tgid;
+    ev.tid = tid;
+    ev.tstate = find_thread_state(&p, tid);
+    if ev.tstate == 0 {
+        ev.flags |= py_flags::NO_THREAD_STATE;
+        output(ev, 0);
+        return;
+    }
+    let first = match read_u64(ev.tstate + p.tstate_frame as u64) {
+        Some(f) if p.cframe_current_frame == PY_NO_OFFSET => Some(f),
+        Some(cframe) if cframe != 0 => read_u64(cframe + p.cframe_current_frame as u64),
+        Some(_) => Some(0),
+        None => None,
+    };
+    let Some(first) = first else {
+        ev.flags |= py_flags::READ_FAULT;
+        output(ev, 0);
+        return;
+    };
+    let mut walk = FrameWalk {
+        p,
+        frame: first,
+        n: 0,
+    };
+    unsafe {
+        bpf_loop(
+            PY_MAX_FRAMES as u32 + 1,
+            frame_step as *mut c_void,
+            &mut walk as *mut FrameWalk as *mut c_void,
+            0,
+        )
+    };
+    let n = walk.n as usize & (2 * PY_MAX_FRAMES - 1);
+    let n = if n > PY_MAX_FRAMES { PY_MAX_FRAMES } else { n };
+    ev.nframes = n as u16;
+    output(ev, n);
+}
+
+#[inline(always)]
+fn output(ev: &PyStackEvent, frames: usize) {
+    let len = PY_STACK_HEADER + frames * core::mem::size_of::<PyFrameRecord>();
+    let bytes = unsafe { core::slice::from_raw_parts(ev as *const PyStackEvent as *const u8, len) };
+    // The call event that follows decides whether to wake user space.
+    if EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
+        bump(counter::RINGBUF_FULL);
+    }
+}
+
+/// The thread's `PyThreadState`: the cached one if it still names this thread, else a walk of
+/// every interpreter's thread list. 0 when the thread has none.
+#[inline(always)]
+fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
+    if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
+        let t = *t;
+        if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64) {
+            return t;
+        }
+    }
+    let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
+        return 0;
+    };
+    let mut find = ThreadFind {
+        p: *p,
+        interp,
+        tstate: 0,
+        tid: tid as u64,
+        found: 0,
+    };
+    unsafe {
+        bpf_loop(
+            FIND_STEPS,
+            find_step as *mut c_void,
+            &mut find as *mut ThreadFind as *mut c_void,
+            0,
+        )
+    };
+    if find.found != 0 {
+        let _ = PY_THREADS.insert(&tid, &find.found, 0);
+    }
+    find.found
+}
+
+#[repr(C)]
+struct ThreadFind {
+    p: PyProcess,
+    /// The next interpreter to list (0: none left).
+    interp: u64,
+    /// The thread state to look at next (0: take the next interpreter's list).
+    tstate: u64,
+    tid: u64,
+    found: u64,
+}
+
+#[inline(never)]
+extern "C" fn find_step(_index: u32, ctx: *mut c_void) -> i64 {
+    let f = unsafe { &mut *(ctx as *mut ThreadFind) };
+    if f.tstate == 0 {
+        if f.interp == 0 {
+            return 1;
+        }
+        f.tstate = read_u64(f.interp + f.p.interp_threads_head as u64).unwrap_or(0);
+        f.interp = read_u64(f.interp + f.p.interp_next as u64).unwrap_or(0);
+        return 0;
+    }
+    if read_u64(f.tstate + f.p.tstate_native_thread_id as u64) == Some(f.tid) {
+        f.found = f.tstate;
+        return 1;
+    }
+    f.tstate = read_u64(f.tstate + f.p.tstate_next as u64).unwrap_or(0);
+    0
+}
+
+#[repr(C)]
+struct FrameWalk {
+    p: PyProcess,
+    frame: u64,
+    n: u32,
+}
+
+/// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
+#[inline(always)]
+fn field_u64(buf: &FrameBuf, off: u32) -> u64 {
+    let off = off as usize & FIELD_MASK;
+    unsafe { core::ptr::read_unaligned(buf.bytes.as_ptr().add(off) as *const u64) }
+}
+
+#[inline(always)]
+fn field_u8(buf: &FrameBuf, off: u32) -> u64 {
+    let off = off as usize & FIELD_MASK;
+    unsafe { *buf.bytes.as_ptr().add(off) as u64 }
+}
+
+/// One frame of the walk: records it and moves to `previous`. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
+    let w = unsafe { &mut *(ctx as *mut FrameWalk) };
+    if w.frame == 0 {
+        return 1;
+    }
+    let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    let ev = unsafe { &mut *ev };
+    if w.n as usize >= PY_MAX_FRAMES {
+        ev.flags |= py_flags::TRUNCATED;
+        return 1;
+    }
+    let Some(buf) = PY_FRAME_BUF.get_ptr_mut(0) else {
+        return 1;
+    };
+    let buf = unsafe { &mut *buf };
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            buf.bytes.as_mut_ptr() as *mut c_void,
+            PY_FRAME_READ as u32,
+            w.frame as *const c_void,
+        )
+    };
+    if rc != 0 {
+        ev.flags |= py_flags::READ_FAULT;
+        return 1;
+    }
+    let previous = field_u64(buf, w.p.frame_previous);
+    let mut meta = field_u8(buf, w.p.frame_owner);
+    if w.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, w.p.frame_is_entry) != 0 {
+        meta |= 1 << 8;
+    }
+    let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
+    slot.code = field_u64(buf, w.p.frame_code);
+    slot.instr = field_u64(buf, w.p.frame_instr);
+    slot.meta = meta;
+    w.n += 1;
+    // Frames live on the thread's data stack (callers below callees) or in generator objects;
+    // a frame that is its own caller would loop.
+    if previous == w.frame {
+        ev.flags |= py_flags::CHAIN_LOOP;
+        return 1;
+    }
+    w.frame = previous;
+    0
+}

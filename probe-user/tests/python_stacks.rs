@@ -1,0 +1,490 @@
+//! End-to-end: `--call-stack=python` on real CPython programs (tests/fixtures/python/
+//! py_stacks.py calls the simulated HAL through ctypes from nested calls, a recursion, a
+//! generator, coroutines, a method and a second thread). The program logs its own stack
+//! (`traceback.extract_stack()` on the line of each HAL call); every MALLOC and FREE row's
+//! `Call Stack(Python)` must be exactly that stack, frame by frame. In attach mode, py-spy
+//! (an independent reader) dumps the stopped target inside one allocation's line and must
+//! show the same frames.
+
+mod common;
+
+use std::{collections::BTreeMap, path::PathBuf, process::Command};
+
+use common::*;
+
+/// CPython interpreters to test with: 3.11 (required), 3.12 and 3.13 where installed.
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let found = interpreters_of(&[11, 12, 13]);
+    assert!(
+        found.iter().any(|(v, _)| v == "3.11"),
+        "no working python3.11 found (PATH or /root/.pyenv/versions)"
+    );
+    found
+}
+
+/// The working `python3.M` interpreters of these minor versions.
+fn interpreters_of(minors: &[u32]) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    for &minor in minors {
+        let name = format!("python3.{minor}");
+        let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(&name)).collect())
+            .unwrap_or_default();
+        if let Ok(dir) = std::fs::read_dir("/root/.pyenv/versions") {
+            let mut versions: Vec<PathBuf> = dir
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("3.{minor}.")))
+                })
+                .collect();
+            versions.sort();
+            candidates.extend(versions.into_iter().map(|v| v.join("bin").join(&name)));
+        }
+        // A pyenv shim fails for versions that are not selected: run each candidate.
+        if let Some(p) = candidates.into_iter().find(|p| {
+            Command::new(p)
+                .args(["-c", "import ctypes"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        }) {
+            found.push((format!("3.{minor}"), p));
+        }
+    }
+    found
+}
+
+fn script() -> PathBuf {
+    repo_root().join("tests/fixtures/python/py_stacks.py")
+}
+
+/// The program's own stacks: (event, address) -> msMemScope text, innermost first.
+fn logged_stacks(log: &str) -> BTreeMap<(String, u64), String> {
+    let mut out = BTreeMap::new();
+    for line in log.lines() {
+        let event = match line.split(' ').next() {
+            Some("ALLOC") => "MALLOC",
+            Some("FREE") => "FREE",
+            _ => continue,
+        };
+        let fields = log_fields(line);
+        let stack = line.split_once(" stack=").expect("stack field").1;
+        out.insert(
+            (event.to_string(), hex(fields["addr"])),
+            frames_text(&parse_frames(stack)),
+        );
+    }
+    out
+}
+
+/// `[["file",line,"name"],...]` (the script's JSON, no escapes in our paths and names).
+fn parse_frames(json: &str) -> Vec<(String, u32, String)> {
+    let inner = json.trim().trim_start_matches("[[").trim_end_matches("]]");
+    inner
+        .split("],[")
+        .map(|f| {
+            let parts: Vec<&str> = f.split(',').collect();
+            assert_eq!(parts.len(), 3, "frame {f:?}");
+            (
+                parts[0].trim_matches('"').to_string(),
+                parts[1].parse().unwrap(),
+                parts[2].trim_matches('"').to_string(),
+            )
+        })
+        .collect()
+}
+
+fn frames_text(frames: &[(String, u32, String)]) -> String {
+    frames
+        .iter()
+        .map(|(file, line, name)| format!("{file}({line}): {name}\n"))
+        .collect()
+}
+
+/// (event, address) -> Python stack column of the MALLOC and FREE rows of `pid`.
+fn traced_stacks(out_dir: &std::path::Path, pid: u32) -> BTreeMap<(String, u64), String> {
+    let pdir = process_dir(out_dir, pid).expect("process directory");
+    let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+    let rows = parse_dump_records(&dump);
+    let mut out = BTreeMap::new();
+    for r in rows.iter().filter(|r| r[1] == "MALLOC" || r[1] == "FREE") {
+        assert!(
+            out.insert((r[1].clone(), hex(&r[8])), r[10].clone())
+                .is_none(),
+            "two {} rows for {}",
+            r[1],
+            r[8]
+        );
+    }
+    out
+}
+
+fn assert_same_stacks(
+    what: &str,
+    traced: &BTreeMap<(String, u64), String>,
+    logged: &BTreeMap<(String, u64), String>,
+) {
+    // 8 allocations and 8 frees (9 each with the paused one).
+    assert!(
+        logged.len() >= 16,
+        "{what}: only {} logged calls",
+        logged.len()
+    );
+    assert_eq!(
+        traced.keys().collect::<Vec<_>>(),
+        logged.keys().collect::<Vec<_>>(),
+        "{what}: rows"
+    );
+    for (key, want) in logged {
+        assert_eq!(&traced[key], want, "{what}: Python stack of {key:?}");
+    }
+}
+
+#[test]
+fn python_stacks_match_the_programs_own_tracebacks() {
+    if !require_root("python_stacks_match_the_programs_own_tracebacks") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=python",
+            "--",
+            python.to_str().unwrap(),
+            script().to_str().unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let logged = logged_stacks(&text);
+        // The recursion, generator, coroutine, method and thread are all there.
+        let all: String = logged.values().cloned().collect();
+        for needle in [
+            "): recurse\n",
+            "): generate\n",
+            "): inner_coro\n",
+            "): outer_coro\n",
+            "): grab\n",
+            "): release\n",
+            "): in_thread\n",
+        ] {
+            assert!(all.contains(needle), "{version}: no {needle:?} in the log");
+        }
+        assert_same_stacks(&version, &traced_stacks(&out_dir, pid), &logged);
+        eprintln!("python {version} ({}): stacks match", python.display());
+    }
+}
+
+/// py-spy from PATH, or beside the interpreter pip put it with.
+fn py_spy(python: &std::path::Path) -> PathBuf {
+    let beside = python.with_file_name("py-spy");
+    if beside.is_file() {
+        return beside;
+    }
+    PathBuf::from("py-spy")
+}
+
+#[test]
+fn python_stacks_in_attach_mode_agree_with_py_spy() {
+    if !require_root("python_stacks_in_attach_mode_agree_with_py_spy") {
+        return;
+    }
+    let _serial = serial();
+    let (_, python) = interpreters().remove(0);
+    let dir = scratch("python_stacks_attach");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let resume = dir.join("resume");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(&python)
+        .args([
+            script().to_str().unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+            "--go",
+            go.to_str().unwrap(),
+            "--pause",
+            resume.to_str().unwrap(),
+            // Attach mode never holds the target at exit (docs/call-stacks.md).
+            "--linger",
+            "1",
+        ])
+        .spawn()
+        .expect("start the Python target");
+    let pid = target.id();
+    wait_for_text(&log, "READY", 30);
+    let mut tracer = Background::spawn(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--pid",
+        &pid.to_string(),
+    ]);
+    tracer.wait_for("attached to pid", 90);
+    std::fs::write(&go, b"").unwrap();
+    let text = wait_for_text(&log, "PAUSED", 60);
+    let paused_tid = log_lines(&text, "PAUSED")[0]["tid"].to_string();
+
+    // py-spy stops the target (ptrace) and reads its frames itself.
+    let dump = Command::new(py_spy(&python))
+        .args(["dump", "--json", "--pid", &pid.to_string()])
+        .output()
+        .expect("run py-spy (cargo xtask setup installs it)");
+    assert!(
+        dump.status.success(),
+        "py-spy dump: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    std::fs::write(&resume, b"").unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let logged = logged_stacks(&text);
+    let traced = traced_stacks(&out_dir, pid);
+    assert_same_stacks("attach mode", &traced, &logged);
+
+    // py-spy's view of the paused thread: wait_for <- pause <- paused_alloc (the HAL call's
+    // line) <- ...; below `pause` it must be our row's stack.
+    let spy = py_spy_frames(&dump, &paused_tid);
+    assert!(
+        spy.len() > 3 && spy[0].2 == "wait_for" && spy[1].2 == "pause",
+        "py-spy frames: {spy:?}"
+    );
+    let paused_alloc = logged
+        .iter()
+        .find(|(k, v)| {
+            k.0 == "MALLOC"
+                && v.starts_with(&format!("{}(", script().display()))
+                && v.contains("): paused_alloc\n")
+        })
+        .map(|(k, _)| k.clone())
+        .expect("the paused allocation");
+    assert_eq!(
+        traced[&paused_alloc],
+        frames_text(&spy[2..]),
+        "py-spy vs tracer"
+    );
+}
+
+/// (file, line, function) of one thread in `py-spy dump --json` output, innermost first.
+fn py_spy_frames(json: &str, os_tid: &str) -> Vec<(String, u32, String)> {
+    let start = json
+        .find(&format!("\"os_thread_id\": {os_tid},"))
+        .unwrap_or_else(|| panic!("thread {os_tid} not in py-spy's dump:\n{json}"));
+    let thread = &json[start..];
+    let thread = &thread[..thread[1..]
+        .find("\"os_thread_id\"")
+        .map_or(thread.len(), |e| e + 1)];
+    let value = |frame: &str, key: &str| -> String {
+        let at = frame.find(&format!("\"{key}\": ")).expect(key) + key.len() + 4;
+        let rest = &frame[at..];
+        let end = rest.find([',', '\n']).unwrap();
+        rest[..end].trim().trim_matches('"').to_string()
+    };
+    thread
+        .split("\"name\": ")
+        .skip(1)
+        .map(|f| {
+            let frame = format!("\"name\": {f}");
+            (
+                value(&frame, "filename"),
+                value(&frame, "line").parse().unwrap(),
+                value(&frame, "name"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_process_without_python_says_so_in_the_python_column() {
+    if !require_root("a_process_without_python_says_so_in_the_python_column") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("python_stacks_none");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        bin("workload").to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gt = parse_log(&log);
+    let pdir = process_dir(&out_dir, gt.pid).expect("process directory");
+    let mut memory = Vec::new();
+    for f in find_files(&pdir, "memscope_dump_") {
+        let dump = std::fs::read_to_string(&f).unwrap();
+        memory.extend(
+            parse_dump_records(&dump)
+                .into_iter()
+                .filter(|r| r[1] == "MALLOC" || r[1] == "FREE"),
+        );
+    }
+    let mallocs = memory.iter().filter(|r| r[1] == "MALLOC").count();
+    assert_eq!(mallocs, gt.of("MALLOC").len(), "MALLOC rows");
+    for r in &memory {
+        assert_eq!(r[10], "[python: no interpreter]\n", "{r:?}");
+    }
+}
+
+#[test]
+fn mixed_stacks_put_python_frames_in_place_of_the_interpreter_loop() {
+    if !require_root("mixed_stacks_put_python_frames_in_place_of_the_interpreter_loop") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_mixed_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=mixed",
+            "--",
+            python.to_str().unwrap(),
+            script().to_str().unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let logged = logged_stacks(&text);
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let mut checked = 0;
+        for r in parse_dump_records(&dump)
+            .iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+        {
+            let what = format!("{version}: {} {}", r[1], r[8]);
+            let want = &logged[&(r[1].clone(), hex(&r[8]))];
+            // Both columns: the Python one is the program's own stack.
+            assert_eq!(&r[10], want, "{what}: Python column");
+            let lines: Vec<&str> = r[11].lines().collect();
+            let is_py = |l: &str| l.contains(" [python] ");
+            // The Python frames, in order, in the C column: `ADDR [python] FUNC at FILE:LINE`.
+            let mixed: String = lines
+                .iter()
+                .filter(|l| is_py(l))
+                .map(|l| {
+                    let rest = l.split_once(" [python] ").unwrap().1;
+                    let (func, loc) = rest.rsplit_once(" at ").unwrap();
+                    let (file, line) = loc.rsplit_once(':').unwrap();
+                    format!("{file}({line}): {func}\n")
+                })
+                .collect();
+            assert_eq!(
+                &mixed, want,
+                "{what}: Python frames in the C column\n{}",
+                r[11]
+            );
+            // Each loop that ran them is gone; C frames stay around them (ctypes calling the
+            // HAL inside, the interpreter's start outside).
+            assert!(
+                !lines
+                    .iter()
+                    .any(|l| l.ends_with(" _PyEval_EvalFrameDefault")
+                        || l.contains(" _PyEval_EvalFrameDefault at ")),
+                "{what}: an interpreter loop frame is left\n{}",
+                r[11]
+            );
+            let first_py = lines.iter().position(|l| is_py(l)).unwrap();
+            let last_py = lines.iter().rposition(|l| is_py(l)).unwrap();
+            assert!(
+                lines[..first_py]
+                    .iter()
+                    .any(|l| l.contains("_ctypes_callproc")),
+                "{what}: no ctypes frame inside the Python frames\n{}",
+                r[11]
+            );
+            // The main thread starts at PyEval_EvalCode, the second one at thread_run.
+            assert!(
+                lines[last_py..]
+                    .iter()
+                    .any(|l| l.contains(" PyEval_EvalCode at ") || l.contains(" thread_run at ")),
+                "{what}: no interpreter start outside the Python frames\n{}",
+                r[11]
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, logged.len(), "{version}: rows");
+    }
+}
+
+#[test]
+fn an_interpreter_of_unknown_version_is_named_in_the_python_column() {
+    if !require_root("an_interpreter_of_unknown_version_is_named_in_the_python_column") {
+        return;
+    }
+    let Some((version, python)) = interpreters_of(&[10]).pop() else {
+        eprintln!("SKIPPED: no python3.10 here to stand for a version without a layout");
+        return;
+    };
+    let _serial = serial();
+    let dir = scratch("python_stacks_unknown");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        python.to_str().unwrap(),
+        script().to_str().unwrap(),
+        "--lib-dir",
+        fixtures().join("lib").to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+    let logged = logged_stacks(&text);
+    let traced = traced_stacks(&out_dir, pid);
+    assert_eq!(
+        traced.keys().collect::<Vec<_>>(),
+        logged.keys().collect::<Vec<_>>(),
+        "rows"
+    );
+    for (key, stack) in &traced {
+        assert_eq!(
+            stack,
+            &format!("[python: unknown version {version}]\n"),
+            "{key:?}"
+        );
+    }
+}
