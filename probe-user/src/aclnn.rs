@@ -53,6 +53,25 @@ pub fn name(index: u32) -> Option<String> {
     r.names.get(index as usize).cloned()
 }
 
+/// The op libraries of a CANN install (the ones torch_npu loads by name), searched for ahead
+/// of time like the vendor libraries.
+pub const OP_LIBRARIES: [&str; 14] = [
+    "libopapi.so",
+    "libopapi_math.so",
+    "libopapi_nn.so",
+    "libopapi_cv.so",
+    "libopapi_transformer.so",
+    "libopapi_legacy.so",
+    "libopapi_oam.so",
+    "libaclnn_math.so",
+    "libaclnn_ops_infer.so",
+    "libaclnn_ops_train.so",
+    "libaclnn_fft.so",
+    "libaclnn_rand.so",
+    "libaclnn_sparse.so",
+    "libcust_opapi.so",
+];
+
 /// Op libraries by file name.
 pub fn is_op_library(file_name: &str) -> bool {
     ["libopapi", "libaclnn_", "libcust_opapi"]
@@ -79,5 +98,6 @@ mod tests {
         assert!(!is_op_function("aclnn") && !is_op_function("aclCreateTensor"));
         assert!(is_op_library("libopapi.so") && is_op_library("libaclnn_math.so"));
         assert!(!is_op_library("libascendcl.so") && !is_op_library("libopapi"));
+        assert!(OP_LIBRARIES.iter().all(|l| is_op_library(l)));
     }
 }

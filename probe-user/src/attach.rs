@@ -340,7 +340,9 @@ impl Planner {
             if !seen_dirs.insert(dir.clone()) {
                 continue;
             }
-            for name in KNOWN_LIBRARIES {
+            // The op libraries too: a framework dlopens them at its first operator, often
+            // after `--pid` attached (attach mode never stops the target to catch that).
+            for name in KNOWN_LIBRARIES.iter().chain(&aclnn::OP_LIBRARIES) {
                 let shown = dir.join(name);
                 let host = env.host_path(&shown);
                 if host.is_file() {

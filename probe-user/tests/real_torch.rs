@@ -321,8 +321,10 @@ fn check(run: &Run, what: &str) {
     );
 
     // Each operator the script ran is an ACLNN_START/ACLNN_END pair named after the op API
-    // function, in its step and in order, with the workspace the simulated aclnnAdd asks for
-    // (1 MiB, tests/fixtures/cann/cann_opapi.c) in a PTA block allocated before it.
+    // function, in order, with the workspace the simulated aclnnAdd asks for (1 MiB,
+    // tests/fixtures/cann/cann_opapi.c) in a PTA block allocated before it. torch_npu's task
+    // queue thread runs the op API call after the script's call returned, so the row is in the
+    // script's step or a later one, never an earlier one.
     let ops: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].event == "OP_LAUNCH" && rows[i].name == "aclnnAdd")
         .collect();
@@ -334,11 +336,10 @@ fn check(run: &Run, what: &str) {
         .collect();
     assert_eq!(starts.len(), script_ops.len(), "{}", ctx("aclnnAdd rows"));
     for (&i, op) in starts.iter().zip(&script_ops) {
-        assert_eq!(
-            step_of[i],
-            num(op, "step") as u32,
+        assert!(
+            step_of[i] >= num(op, "step") as u32,
             "{}",
-            ctx(&format!("step of {op:?}"))
+            ctx(&format!("step {} of {op:?}", step_of[i]))
         );
         let r = &rows[i];
         assert_eq!(
@@ -612,4 +613,39 @@ fn real_torch_npu_oom_report() {
         largest.contains(&held[2]),
         "the 16 MiB tensor is among the largest"
     );
+}
+
+/// The report function found in each wheel's stripped libtorch_npu.so is where independent
+/// tools put it: gdb breakpoints at 2.8.0.post2's file offset 0x32f42a0 (8 direct callers, as
+/// in its source) and objdump's disassembly of 2.5.1 (its 6 call sites: 3 in the caching and
+/// 3 in the workspace allocator, as in its source), with the layout each source has.
+#[test]
+fn torch_npu_report_function_is_found_in_both_releases() {
+    let Some(venvs) = venvs("torch_npu_report_function_is_found_in_both_releases") else {
+        return;
+    };
+    use memscope_bpf::torch_npu::{UsageLayout, locate};
+    let mut seen = Vec::new();
+    for venv in venvs {
+        let lib = std::fs::read_dir(venv.join("lib"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().join("site-packages/torch_npu/lib/libtorch_npu.so"))
+            .find(|p| p.is_file())
+            .expect("libtorch_npu.so in the venv");
+        let site = locate(&lib).unwrap();
+        let expected = match site.version.as_deref() {
+            Some("2.8.0.post2") => (0x32f42a0, UsageLayout::WithComponent, 8),
+            Some("2.5.1") => (0x1c622c0, UsageLayout::Original, 6),
+            other => panic!("no independent figures for torch_npu {other:?}"),
+        };
+        assert_eq!(
+            (site.file_offset, site.layout, site.callers),
+            expected,
+            "{}",
+            lib.display()
+        );
+        seen.push(site.layout);
+    }
+    assert!(seen.contains(&UsageLayout::Original) && seen.contains(&UsageLayout::WithComponent));
 }
