@@ -173,3 +173,66 @@ fn a_child_forked_without_exec_is_traced_from_its_first_call() {
         assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt));
     }
 }
+
+#[test]
+fn attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call() {
+    if !require_root("attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("attach-system");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(bin("workload"))
+        .args([
+            "--wait-file",
+            go.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--spawn-child",
+        ])
+        .args(["--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut tracer = Command::new(env!("CARGO_BIN_EXE_memscope-bpf"))
+        .args([
+            "--pid",
+            &target.id().to_string(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
+        .env("MEMSCOPE_BPF_SCOPE", "system")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "attached" is printed once the probes are in place.
+    let stderr = tracer.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("attached to pid") {
+            break;
+        }
+    }
+    assert!(seen.contains("attached to pid"), "{seen}");
+    fs::write(&go, b"").unwrap();
+    assert!(target.wait().unwrap().success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        tracer.wait().unwrap().success(),
+        "{seen}{}",
+        rest.join("\n")
+    );
+    let parent = parse_log(&log);
+    let child = parse_log(&dir.join("gt.log.child"));
+    for gt in [&parent, &child] {
+        let rows = rows_of(&out_dir, gt.pid);
+        assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(gt, &["MALLOC"]));
+        assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt));
+    }
+}
