@@ -256,16 +256,14 @@ impl Bpf {
         if with_return {
             use probe_common::spec_flags as sf;
             // Returns of calls without data get the lean return program.
-            let (lean, full): (Vec<Point>, Vec<Point>) =
-                points.iter().partition(|(_, cookie)| {
-                    self.spec_copies
-                        .get(&((cookie & PROBE_ID_MASK) as u16))
-                        .is_some_and(|s| {
-                            s.flags & sf::WANTS_RETURN != 0
-                                && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED)
-                                    == 0
-                        })
-                });
+            let (lean, full): (Vec<Point>, Vec<Point>) = points.iter().partition(|(_, cookie)| {
+                self.spec_copies
+                    .get(&((cookie & PROBE_ID_MASK) as u16))
+                    .is_some_and(|s| {
+                        s.flags & sf::WANTS_RETURN != 0
+                            && s.flags & (sf::DATA_IS_STRING | sf::DATA_IS_BYTES | sf::NESTED) == 0
+                    })
+            });
             // Return probes first so no entry is stored without a return to pair it.
             self.attach_points(hal_ret, path, &lean, scope)?;
             self.attach_points(ret, path, &full, scope)?;
@@ -288,6 +286,22 @@ impl Bpf {
         let sites: Vec<(u64, u64)> = return_sites.iter().map(|at| (*at, probe as u64)).collect();
         self.attach_points(site, path, &sites, scope)?;
         self.attach_points(entry, path, &[(file_offset, probe as u64)], scope)
+    }
+
+    /// Removes every uprobe now (multi-uprobe links closed, perf links detached), waiting
+    /// for the kernel's teardown; the rest stays loaded. Benchmarks time this.
+    pub fn detach_uprobes(&mut self) {
+        self.links.clear();
+        self.process_links.clear();
+        self.scoped_requests.clear();
+        for prog in UPROBE_PROGRAMS {
+            if let Ok(up) = program(&mut self.ebpf, prog)
+                .and_then(|p| <&mut UProbe>::try_from(p).map_err(anyhow::Error::from))
+                && up.fd().is_ok()
+            {
+                let _ = up.unload();
+            }
+        }
     }
 
     /// Whether probes go through multi-uprobe links (false: one perf link per probe).
