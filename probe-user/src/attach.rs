@@ -408,7 +408,7 @@ impl Planner {
         if let Some(c) = self.elf_cache.get(&id) {
             return c.clone();
         }
-        let parsed = ElfObject::open(host)
+        let parsed = ElfObject::open_filtered(host, &probed_symbol)
             .map(Arc::new)
             .map_err(|e| format!("{e:#}"));
         self.elf_cache.insert(id, parsed.clone());
@@ -674,6 +674,14 @@ impl TargetEnv {
             ..Default::default()
         }
     }
+}
+
+/// The symbols the planner looks up in an object: the probed functions and their `.cold`
+/// parts (everything else in a large library's tables is skipped while parsing).
+fn probed_symbol(name: &str) -> bool {
+    static NAMES: std::sync::OnceLock<HashSet<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| PROBES.iter().map(|p| p.symbol).collect());
+    names.contains(name.strip_suffix(".cold").unwrap_or(name)) || aclnn::is_op_function(name)
 }
 
 fn memchr_so(name: &[u8]) -> bool {

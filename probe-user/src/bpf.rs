@@ -288,6 +288,22 @@ impl Bpf {
         self.attach_points(entry, path, &[(file_offset, probe as u64)], scope)
     }
 
+    /// Removes every uprobe now (multi-uprobe links closed, perf links detached), waiting
+    /// for the kernel's teardown; the rest stays loaded. Benchmarks time this.
+    pub fn detach_uprobes(&mut self) {
+        self.links.clear();
+        self.process_links.clear();
+        self.scoped_requests.clear();
+        for prog in UPROBE_PROGRAMS {
+            if let Ok(up) = program(&mut self.ebpf, prog)
+                .and_then(|p| <&mut UProbe>::try_from(p).map_err(anyhow::Error::from))
+                && up.fd().is_ok()
+            {
+                let _ = up.unload();
+            }
+        }
+    }
+
     /// Whether probes go through multi-uprobe links (false: one perf link per probe).
     pub fn uses_multi_links(&self) -> bool {
         self.multi.is_some()

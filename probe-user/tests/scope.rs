@@ -173,3 +173,146 @@ fn a_child_forked_without_exec_is_traced_from_its_first_call() {
         assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt));
     }
 }
+
+#[test]
+fn attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call() {
+    if !require_root("attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("attach-system");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let out_dir = dir.join("out");
+    let mut target = Command::new(bin("workload"))
+        .args([
+            "--wait-file",
+            go.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--spawn-child",
+        ])
+        .args(["--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut tracer = Command::new(env!("CARGO_BIN_EXE_memscope-bpf"))
+        .args([
+            "--pid",
+            &target.id().to_string(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
+        .env("MEMSCOPE_BPF_SCOPE", "system")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "attached" is printed once the probes are in place.
+    let stderr = tracer.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("attached to pid") {
+            break;
+        }
+    }
+    assert!(seen.contains("attached to pid"), "{seen}");
+    fs::write(&go, b"").unwrap();
+    assert!(target.wait().unwrap().success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(
+        tracer.wait().unwrap().success(),
+        "{seen}{}",
+        rest.join("\n")
+    );
+    let parent = parse_log(&log);
+    let child = parse_log(&dir.join("gt.log.child"));
+    for gt in [&parent, &child] {
+        let rows = rows_of(&out_dir, gt.pid);
+        assert_eq!(memory_rows(&rows, "MALLOC"), gt_rows(gt, &["MALLOC"]));
+        assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(gt));
+    }
+}
+
+#[test]
+fn cookie_bits_above_the_probe_id_leave_the_probe_unchanged_and_reach_user_space() {
+    use memscope_bpf::{
+        bpf::{Bpf, Scope},
+        decode,
+        probes::{PROBES, ProbeId},
+        tracefs,
+    };
+    if !require_root(
+        "cookie_bits_above_the_probe_id_leave_the_probe_unchanged_and_reach_user_space",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("cookie");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let mut target = Command::new(bin("workload"))
+        .args([
+            "--wait-file",
+            go.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .args(["--log", log.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let offsets = tracefs::read_offsets(tracefs::ensure_mounted().unwrap()).unwrap();
+    let (mut bpf, mut ring) = Bpf::load(&offsets, 4 << 20).unwrap();
+    for p in &PROBES {
+        bpf.set_spec(p.id as u16, p.spec).unwrap();
+    }
+    bpf.trace_process(target.id()).unwrap();
+    let entry = |lib: &str, symbol: &str| {
+        let path = fixtures().join("lib").join(lib);
+        let obj = memscope_symbols::ElfObject::open(&path).unwrap();
+        (path, obj.function(symbol).unwrap().file_offset)
+    };
+    // Function indexes above the probe id, as a caller with one id for many functions does.
+    let (hal, alloc) = entry("libascend_hal.so", "halMemAlloc");
+    let (_, free) = entry("libascend_hal.so", "halMemFree");
+    let hal_points = [
+        (alloc, (7 << 16) | ProbeId::HalMemAlloc as u64),
+        (free, (9 << 16) | ProbeId::HalMemFree as u64),
+    ];
+    bpf.attach_many(&hal, &hal_points, true, Scope::Traced)
+        .unwrap();
+    let (mstx, mark) = entry("libms_tools_ext.so", "mstxMarkA");
+    let mark_point = [(mark, (5 << 16) | ProbeId::MstxMarkA as u64)];
+    bpf.attach_many(&mstx, &mark_point, false, Scope::Traced)
+        .unwrap();
+    fs::write(&go, b"").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert!(bpf.flush_call_batches());
+    let (mut allocs, mut frees, mut marks) = (0, 0, Vec::new());
+    while let Some(item) = ring.next() {
+        let calls: Vec<_> = match decode::batch_calls(&item) {
+            Some(calls) => calls.collect(),
+            None => decode::raw_from_bytes(&item).into_iter().collect(),
+        };
+        for raw in calls.iter().filter(|r| r.kind == probe_common::kind::CALL) {
+            match raw.probe {
+                p if p == ProbeId::HalMemAlloc as u16 => allocs += 1,
+                p if p == ProbeId::HalMemFree as u16 => frees += 1,
+                p if p == ProbeId::MstxMarkA as u16 => marks.push(raw.cpu),
+                other => panic!("event of probe {other}: the cookie's upper bits leaked in"),
+            }
+        }
+    }
+    let gt = parse_log(&log);
+    assert_eq!(allocs, gt.of("MALLOC").len());
+    assert_eq!(frees, gt.of("FREE").len());
+    // A mark is sent whole: the bits above the id come with it.
+    assert!(!gt.marks.is_empty());
+    assert_eq!(marks, vec![5; gt.marks.len()]);
+}

@@ -44,14 +44,26 @@ impl ElfObject {
     /// touches (headers, symbol and string tables, the dynamic section) come in, so a
     /// multi-GB library costs its tables, not its size.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_filtered(path, &|_| true)
+    }
+
+    /// As [`ElfObject::open`], keeping only the symbols whose names `keep` accepts (in
+    /// `functions` and `exported`): a library exporting 100,000 functions costs a pass over
+    /// its symbol tables, not 100,000 strings.
+    pub fn open_filtered(path: &Path, keep: &dyn Fn(&str) -> bool) -> Result<Self> {
         let map =
             MappedFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::parse(map.bytes())
+        Self::parse_filtered(map.bytes(), keep)
             .with_context(|| format!("cannot parse ELF file {}", path.display()))
     }
 
     /// Parses an in-memory ELF image. Never panics on malformed input.
     pub fn parse(data: &[u8]) -> Result<Self> {
+        Self::parse_filtered(data, &|_| true)
+    }
+
+    /// As [`ElfObject::parse`], keeping only the symbols whose names `keep` accepts.
+    pub fn parse_filtered(data: &[u8], keep: &dyn Fn(&str) -> bool) -> Result<Self> {
         if data.len() < 5 || &data[..4] != b"\x7fELF" {
             bail!("not an ELF file");
         }
@@ -81,7 +93,7 @@ impl ElfObject {
                     continue;
                 }
                 let Ok(name) = sym.name() else { continue };
-                if name.is_empty() {
+                if name.is_empty() || !keep(name) {
                     continue;
                 }
                 let Some(offset) = file_offset(sym.address()) else {

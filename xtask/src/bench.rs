@@ -24,6 +24,14 @@
 //!   build it, its size, and its first paint in headless Chromium (the page's own measure from
 //!   its first script line to every chart drawn, and the wall time of `chromium --dump-dom`).
 //!
+//! * `harm`: what tracing costs processes that are not traced, and what stays after the
+//!   tracer is gone (`harm.rs`): an untraced neighbour's HAL loop while another process is
+//!   traced, the traced target's and the neighbour's loop 0.5 s after the tracer exits,
+//!   attach and detach time of 10/100/1000 probes, launch-mode start-up of a program loading
+//!   200 shared objects, and `--pid` to "attached" on a process mapping large libraries; each
+//!   against no tracer and against system-wide probes with one perf link per probe (the
+//!   design before per-process multi-uprobe links). Also written to docs/benchmarks-harm.md.
+//!
 //! Nothing here runs in CI or asserts times.
 
 use std::{
@@ -39,8 +47,11 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cmd, setup};
 
+mod harm;
+
 const TAG: &str = "[bench]";
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
+    "harm",
     "insn",
     "overhead",
     "stacks",
@@ -159,6 +170,8 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         "memscope-bpf",
         "--example",
         "replay",
+        "--example",
+        "attach_cost",
     ]);
     println!("{TAG} + {}", cmd::describe(&build));
     let status = cmd::interactive(&mut build)?;
@@ -207,7 +220,8 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms, w_report) = (want("stacks"), want("symbols"), want("report"));
+    let (w_stacks, w_syms, w_report, w_harm) =
+        (want("stacks"), want("symbols"), want("report"), want("harm"));
     if w_insn {
         b.insn()?;
     }
@@ -231,6 +245,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_report {
         b.report(&target)?;
+    }
+    if w_harm {
+        b.harm(&target)?;
     }
     b.write(started.elapsed().as_secs_f64())?;
     Ok(0)
@@ -1836,6 +1853,12 @@ fn csv_stacks(dir: &Path) -> (u64, u64) {
 
 /// The largest ELF shared object (by file size) under the library dirs and rustup toolchains.
 fn largest_shared_object() -> Option<(PathBuf, u64)> {
+    largest_shared_objects(1).into_iter().next()
+}
+
+/// The `n` largest 64-bit little-endian ELF shared objects on the machine (system and Rust
+/// toolchain libraries), largest first.
+fn largest_shared_objects(n: usize) -> Vec<(PathBuf, u64)> {
     let mut roots: Vec<PathBuf> = ["/usr/lib", "/usr/lib64", "/usr/local/lib"]
         .iter()
         .map(PathBuf::from)
@@ -1866,13 +1889,17 @@ fn largest_shared_object() -> Option<(PathBuf, u64)> {
         }
     }
     found.sort_by_key(|f| std::cmp::Reverse(f.0));
-    found.into_iter().find_map(|(size, p)| {
-        let mut head = [0u8; 18];
-        let mut f = fs::File::open(&p).ok()?;
-        std::io::Read::read_exact(&mut f, &mut head).ok()?;
-        // ELF, 64-bit, little-endian, ET_DYN.
-        (head.starts_with(b"\x7fELF\x02\x01") && head[16] == 3).then_some((p, size))
-    })
+    found
+        .into_iter()
+        .filter_map(|(size, p)| {
+            let mut head = [0u8; 18];
+            let mut f = fs::File::open(&p).ok()?;
+            std::io::Read::read_exact(&mut f, &mut head).ok()?;
+            // ELF, 64-bit, little-endian, ET_DYN.
+            (head.starts_with(b"\x7fELF\x02\x01") && head[16] == 3).then_some((p, size))
+        })
+        .take(n)
+        .collect()
 }
 
 fn insn_text(name: &str) -> &'static str {
