@@ -380,9 +380,12 @@ fn chromium() -> Result<String> {
         return Ok(format!("{} already installed", p.display()));
     }
     if crate::effective_uid() != Some(0) {
-        bail!(
-            "chromium is not on PATH (Debian package chromium; the report tests render pages \
-             in it); install it with `sudo apt-get install chromium` or run setup as root"
+        // Like the BPF tests, the rendering tests are skipped loudly without it.
+        return Ok(
+            "WARNING: not on PATH and not root, so not installed (Debian package \
+                   chromium: `sudo apt-get install chromium`); the report rendering tests \
+                   will be SKIPPED"
+                .to_owned(),
         );
     }
     let mut install = Command::new("apt-get");
