@@ -27,3 +27,4 @@ pub mod stacks;
 pub mod target;
 pub mod tracefs;
 pub mod tracker;
+pub mod watchdog;

@@ -150,6 +150,14 @@ fn run(opts: Options) -> Result<u8> {
         (Some(_), _) => 2,
     };
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
+    // Launch mode stops processes that only we continue: a watchdog continues them if we die
+    // or freeze (src/watchdog.rs).
+    let watchdog = match opts.mode {
+        Mode::Launch { .. } => Some(memscope_bpf::watchdog::Watchdog::start(
+            bpf.traced_map_fd(),
+        )?),
+        _ => None,
+    };
     let mut planner = Planner::new(opts.libs.clone());
     planner.hold_at_exit = stack_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
 
@@ -221,6 +229,10 @@ fn run(opts: Options) -> Result<u8> {
         .enable_all()
         .build()?;
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
+    // Everything traced has been continued: the watchdog can go.
+    if let Some(w) = watchdog {
+        w.disarm();
+    }
 
     print_summary(&result, &opts.output_dir, opts.analysis.oom_top_k.is_some());
     for (name, runs, ns) in result.bpf.program_stats() {

@@ -582,3 +582,121 @@ fn thread_id_given_to_pid_traces_its_process() {
     assert!(!gt.of("MALLOC").is_empty());
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A killed or frozen tracer
+// ---------------------------------------------------------------------------------------------
+
+/// Children of `pid` (from /proc, not from the tracer).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let status = fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            let ppid: u32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(p)
+        })
+        .collect()
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+/// Launches a forking workload (it forks and execs a child after `go`), freezes the tracer,
+/// lets the workload go and waits until the BPF side has stopped the child at its exec (only
+/// the tracer would continue it). Returns the tracer, the workload's pid and the scratch dir.
+fn child_stopped_at_exec(name: &str) -> (common::Background, u32, PathBuf) {
+    let dir = scratch(name);
+    let go = dir.join("go");
+    let log = dir.join("gt.log");
+    let mut tracer = common::Background::spawn(&[
+        "-o",
+        dir.join("out").to_str().unwrap(),
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--wait-file",
+        go.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--spawn-child",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let pid = tracer.target_pid();
+    assert!(wait_until(60, || common::process_state(pid) == Some('S')));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer.child.id() as i32, libc::SIGSTOP) };
+    fs::write(&go, "").unwrap();
+    let stopped = wait_until(30, || {
+        children_of(pid)
+            .iter()
+            .any(|c| common::process_state(*c) == Some('T'))
+    });
+    assert!(stopped, "the workload's child was never stopped at exec");
+    (tracer, pid, dir)
+}
+
+/// The workload and its child ran to the end (the child's own log has its summary).
+fn assert_workload_finished(pid: u32, dir: &Path) {
+    let done = wait_until(60, || {
+        matches!(common::process_state(pid), None | Some('Z'))
+    });
+    let kids: Vec<(u32, Option<char>)> = children_of(pid)
+        .into_iter()
+        .map(|c| (c, common::process_state(c)))
+        .collect();
+    assert!(
+        done,
+        "workload {pid} still there ({:?}); its children: {kids:?}",
+        common::process_state(pid)
+    );
+    let child_log = fs::read_to_string(dir.join("gt.log.child")).unwrap_or_default();
+    assert!(
+        child_log.contains("SUMMARY"),
+        "the child never finished: {child_log}"
+    );
+}
+
+#[test]
+fn sigkilled_tracer_leaves_no_process_stopped() {
+    if !common::require_root("sigkilled_tracer_leaves_no_process_stopped") {
+        return;
+    }
+    let _serial = common::serial();
+    let (mut tracer, pid, dir) = child_stopped_at_exec("safety-kill9");
+    tracer.child.kill().unwrap();
+    let _ = tracer.child.wait();
+    assert_workload_finished(pid, &dir);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn frozen_tracer_does_not_freeze_the_job() {
+    if !common::require_root("frozen_tracer_does_not_freeze_the_job") {
+        return;
+    }
+    let _serial = common::serial();
+    let (tracer, pid, dir) = child_stopped_at_exec("safety-frozen");
+    assert_workload_finished(pid, &dir);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer.child.id() as i32, libc::SIGCONT) };
+    let (code, err) = tracer.finish();
+    assert_eq!(code, Some(0), "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+}
