@@ -700,3 +700,62 @@ fn frozen_tracer_does_not_freeze_the_job() {
     assert_eq!(code, Some(0), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bounded memory offline
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `analyze` on `input`; returns its exit code, stderr and peak RSS in KiB (wait4's
+/// rusage of that one child, not the tracer's own account).
+#[allow(clippy::zombie_processes)] // reaped with wait4, which std does not know about
+fn analyze_peak_rss(input: &Path, out: &Path) -> (Option<i32>, String, i64) {
+    let mut child = Command::new(TRACER)
+        .arg("analyze")
+        .arg(format!("--input-path={}", input.display()))
+        .arg("-o")
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let mut status = 0;
+    // SAFETY: zeroed rusage filled by wait4 for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    (code, stderr, ru.ru_maxrss)
+}
+
+#[test]
+fn huge_lines_are_refused_with_bounded_memory() {
+    let dir = scratch("safety-huge");
+    // 8 GiB of zeros (sparse): no header, no line end.
+    let zeros = dir.join("zeros.csv");
+    fs::File::create(&zeros).unwrap().set_len(8 << 30).unwrap();
+    let (code, err, rss_kib) = analyze_peak_rss(&zeros, &dir.join("out"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no header line"), "{err}");
+    assert!(rss_kib < 64 << 10, "peak RSS {rss_kib} KiB");
+    // A good header, one good row, then a 2 GiB line.
+    let long = dir.join("long.csv");
+    fs::write(
+        &long,
+        format!(
+            "{CSV_HEADER}\n0,MALLOC,HAL,N/A,10,77,78,0,0x0000124000000000,\"{{allocation_id:1,addr:0x0000124000000000,size:4096}}\",,\n"
+        ),
+    )
+    .unwrap();
+    let f = fs::OpenOptions::new().append(true).open(&long).unwrap();
+    f.set_len(f.metadata().unwrap().len() + (2 << 30)).unwrap();
+    let (code, err, rss_kib) = analyze_peak_rss(&long, &dir.join("out"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(":3:") || err.contains("line 3"), "{err}");
+    assert!(err.contains("longer than 16 MiB"), "{err}");
+    assert!(rss_kib < 96 << 10, "peak RSS {rss_kib} KiB");
+    eprintln!("peak RSS on the 2 GiB line: {rss_kib} KiB");
+    fs::remove_dir_all(&dir).unwrap();
+}
