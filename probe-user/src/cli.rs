@@ -370,6 +370,8 @@ pub struct Options {
     pub libs: Vec<PathBuf>,
     /// BPF ring buffer size in MiB (power of two, 1..=1024).
     pub ring_buffer_mib: u32,
+    /// `--as-root`: under sudo, launch the program as root instead of the invoking user.
+    pub as_root: bool,
     /// Deprecation notices and other warnings for the caller to print on stderr.
     pub warnings: Vec<String>,
 }
@@ -456,6 +458,9 @@ TARGET SELECTION:
                                     Dumps are CSV or db files, ours or msMemScope's
         --lib <PATH>                Library to attach the uprobes to, e.g. the driver's
                                     libascend_hal.so (repeatable)
+        --as-root                   Under sudo, run the program as root; without it the program
+                                    runs as the user who ran sudo (SUDO_UID, SUDO_GID and that
+                                    user's groups) and the results belong to that user
 
 WHAT TO COLLECT:
         --events <LIST>             alloc | free | launch | access | none
@@ -851,13 +856,14 @@ enum Opt {
     LogLevel,
     Lib,
     RingBuffer,
+    AsRoot,
 }
 
 impl Opt {
     fn takes_value(self) -> bool {
         !matches!(
             self,
-            Opt::Help | Opt::Version | Opt::Verbose | Opt::Quiet | Opt::Compare
+            Opt::Help | Opt::Version | Opt::Verbose | Opt::Quiet | Opt::Compare | Opt::AsRoot
         )
     }
 }
@@ -888,6 +894,7 @@ fn lookup_long(name: &str) -> Option<(Opt, Option<&'static str>)> {
         "log-level" => Opt::LogLevel,
         "lib" => Opt::Lib,
         "ring-buffer-mib" => Opt::RingBuffer,
+        "as-root" => Opt::AsRoot,
         _ => return None,
     };
     Some((opt, None))
@@ -934,6 +941,7 @@ struct State {
     quiet: bool,
     libs: Vec<PathBuf>,
     ring_buffer_mib: u32,
+    as_root: bool,
     warnings: Vec<String>,
 }
 
@@ -963,6 +971,7 @@ impl State {
             quiet: false,
             libs: Vec::new(),
             ring_buffer_mib: DEFAULT_RING_BUFFER_MIB,
+            as_root: false,
             warnings: Vec::new(),
         }
     }
@@ -1005,6 +1014,10 @@ impl State {
             }
             Opt::Quiet => {
                 self.quiet = true;
+                return Ok(());
+            }
+            Opt::AsRoot => {
+                self.as_root = true;
                 return Ok(());
             }
             Opt::Compare => {
@@ -1094,6 +1107,7 @@ impl State {
             | Opt::Verbose
             | Opt::Quiet
             | Opt::Compare
+            | Opt::AsRoot
             | Opt::Output
             | Opt::Input
             | Opt::Lib => {}
@@ -1340,6 +1354,7 @@ impl State {
             log_level,
             libs: self.libs,
             ring_buffer_mib: self.ring_buffer_mib,
+            as_root: self.as_root,
             warnings: self.warnings,
         })
     }

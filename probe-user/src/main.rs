@@ -120,6 +120,20 @@ fn run(opts: Options) -> Result<u8> {
         }
         _ => None,
     };
+    // Under sudo the program runs as the user who ran it, and the results are theirs.
+    let run_as = match &opts.mode {
+        Mode::Launch { .. } if !opts.as_root => {
+            launch::Credentials::sudo_user().map_err(|e| usage(format!("{e:#}")))?
+        }
+        _ => None,
+    };
+    if let Some(c) = &run_as {
+        output::fsutil::give_results_to(c.uid, c.gid);
+        log::info(&format!(
+            "running the program as {} (uid {}, gid {}; --as-root keeps root)",
+            c.user, c.uid, c.gid
+        ));
+    }
     output::fsutil::check_writable(&opts.output_dir)
         .map_err(|e| usage(format!("invalid output directory: {e:#}")))?;
 
@@ -164,7 +178,7 @@ fn run(opts: Options) -> Result<u8> {
     let child = match (&opts.mode, launch) {
         (Mode::Launch { .. }, Some((program, argv))) => {
             launch::become_subreaper();
-            let gated = launch::spawn_gated(&program, &argv)?;
+            let gated = launch::spawn_gated_as(&program, &argv, run_as.as_ref())?;
             let pid = gated.pid;
             let setup = (|| -> Result<()> {
                 bpf.trace_process(pid)?;

@@ -112,14 +112,14 @@ fn child(tracer: u32, pipe: i32, map: i32) -> ! {
                 unsafe { libc::_exit(0) };
             }
             if r == 0 {
-                let end = Instant::now() + AFTER_DEATH;
-                while Instant::now() < end {
-                    continue_stopped(map);
-                    std::thread::sleep(POLL);
-                }
-                // SAFETY: exits this process only.
-                unsafe { libc::_exit(0) };
+                dead(map);
             }
+        }
+        // Also a death: a process forked by the tracer (not yet exec'd) may still hold the
+        // pipe's write end, but we are reparented the moment the tracer dies.
+        // SAFETY: no preconditions.
+        if unsafe { libc::getppid() } as u32 != tracer {
+            dead(map);
         }
         if matches!(state(tracer), Some('T' | 't')) {
             let since = *stopped_since.get_or_insert_with(Instant::now);
@@ -130,6 +130,17 @@ fn child(tracer: u32, pipe: i32, map: i32) -> ! {
             stopped_since = None;
         }
     }
+}
+
+/// The tracer is gone: continue stopped traced processes while its programs detach, then exit.
+fn dead(map: i32) -> ! {
+    let end = Instant::now() + AFTER_DEATH;
+    while Instant::now() < end {
+        continue_stopped(map);
+        std::thread::sleep(POLL);
+    }
+    // SAFETY: exits this process only.
+    unsafe { libc::_exit(0) }
 }
 
 /// Closes every descriptor but `keep` (the BPF links among them: they must die with the

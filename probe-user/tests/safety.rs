@@ -639,7 +639,12 @@ fn child_stopped_at_exec(name: &str) -> (common::Background, u32, PathBuf) {
         log.to_str().unwrap(),
     ]);
     let pid = tracer.target_pid();
-    assert!(wait_until(60, || common::process_state(pid) == Some('S')));
+    // Released and exec'd (not still at the tracer's gate), now waiting for `go`.
+    let waiting = wait_until(60, || {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "workload")
+            && common::process_state(pid) == Some('S')
+    });
+    assert!(waiting, "the workload never started");
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(tracer.child.id() as i32, libc::SIGSTOP) };
     fs::write(&go, "").unwrap();
@@ -757,5 +762,94 @@ fn huge_lines_are_refused_with_bounded_memory() {
     assert!(err.contains("longer than 16 MiB"), "{err}");
     assert!(rss_kib < 96 << 10, "peak RSS {rss_kib} KiB");
     eprintln!("peak RSS on the 2 GiB line: {rss_kib} KiB");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// sudo
+// ---------------------------------------------------------------------------------------------
+
+/// Launches the workload as root "under sudo for nobody" (SUDO_UID/SUDO_GID as sudo sets them);
+/// returns the tracer's exit code and stderr.
+fn traced_under_sudo(home: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(TRACER);
+    cmd.args(extra)
+        .arg("-o")
+        .arg(home.join("out"))
+        .arg("--")
+        .arg(common::bin("workload"))
+        .args(["--steps", "1", "--log"])
+        .arg(home.join("gt.log"))
+        .env("SUDO_UID", NOBODY.to_string())
+        .env("SUDO_GID", NOBODY.to_string())
+        .env("SUDO_USER", "nobody")
+        .stdout(Stdio::null());
+    let out = cmd.output().unwrap();
+    (out.status.code(), stderr_of(&out))
+}
+
+/// Every directory and file under `dir` (itself included): (path, uid, gid, mode).
+fn owners(dir: &Path) -> Vec<(PathBuf, u32, u32, u32)> {
+    let m = fs::symlink_metadata(dir).unwrap();
+    let mut v = vec![(dir.to_path_buf(), m.uid(), m.gid(), m.mode() & 0o777)];
+    if m.is_dir() {
+        for e in fs::read_dir(dir).unwrap() {
+            v.extend(owners(&e.unwrap().path()));
+        }
+    }
+    v
+}
+
+#[test]
+fn under_sudo_the_program_runs_as_the_user_and_the_results_are_theirs() {
+    if !common::require_root("under_sudo_the_program_runs_as_the_user_and_the_results_are_theirs") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = open_scratch("safety-sudo");
+    let home = dir.join("home");
+    fs::create_dir(&home).unwrap();
+    chown(&home, NOBODY);
+    let (code, err) = traced_under_sudo(&home, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("running the program as nobody (uid 65534, gid 65534"),
+        "{err}"
+    );
+    // The workload created its log: the kernel made it the user's.
+    let log = fs::metadata(home.join("gt.log")).unwrap();
+    assert_eq!((log.uid(), log.gid()), (NOBODY, NOBODY));
+    let gt = common::parse_log(&home.join("gt.log"));
+    assert!(!gt.of("MALLOC").is_empty());
+    let out = owners(&home.join("out"));
+    assert!(out.len() >= 5, "{out:?}"); // out, process dir, config.json, device_0, dump, csv
+    for (p, uid, gid, mode) in &out {
+        assert_eq!((*uid, *gid), (NOBODY, NOBODY), "{}", p.display());
+        let want = if fs::symlink_metadata(p).unwrap().is_dir() {
+            0o750
+        } else {
+            0o640
+        };
+        assert_eq!(*mode, want, "{}", p.display());
+    }
+    // The user can remove what was written for them.
+    let rm = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "rm",
+            "-r",
+        ])
+        .arg(home.join("out"))
+        .status()
+        .unwrap();
+    assert!(rm.success());
+    // --as-root keeps root.
+    fs::remove_file(home.join("gt.log")).unwrap();
+    let (code, err) = traced_under_sudo(&home, &["--as-root"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(fs::metadata(home.join("gt.log")).unwrap().uid(), 0);
+    assert!(owners(&home.join("out")).iter().all(|o| o.1 == 0));
     fs::remove_dir_all(&dir).unwrap();
 }
