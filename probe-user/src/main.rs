@@ -238,6 +238,9 @@ fn run(opts: Options) -> Result<u8> {
         leaks: opts.analysis.leaks,
         child,
         stack_depth,
+        rotate: opts
+            .max_file_mib
+            .map(|m| (u64::from(m) << 20, opts.max_files)),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

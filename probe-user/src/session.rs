@@ -57,6 +57,8 @@ pub struct SessionConfig {
     pub child: Option<u32>,
     /// `--call-stack=c:D`: resolve C stacks up to D frames.
     pub stack_depth: Option<usize>,
+    /// `--max-file-mib` (in bytes) and `--max-files`: rotating CSV dumps.
+    pub rotate: Option<(u64, Option<u32>)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -495,15 +497,21 @@ impl Session {
             self.order.push(pid);
         }
         let cfg = &self.cfg;
-        self.procs.entry(pid).or_insert_with(|| Traced {
-            state: ProcessState::new(pid),
-            out: ProcessOutput::with_format(
+        self.procs.entry(pid).or_insert_with(|| {
+            let mut out = ProcessOutput::with_format(
                 &cfg.output_dir,
                 pid,
                 cfg.config_json.clone(),
                 cfg.format,
-            ),
-            finished: false,
+            );
+            if let Some((bytes, files)) = cfg.rotate {
+                out.rotate(bytes, files);
+            }
+            Traced {
+                state: ProcessState::new(pid),
+                out,
+                finished: false,
+            }
         })
     }
 

@@ -853,3 +853,76 @@ fn under_sudo_the_program_runs_as_the_user_and_the_results_are_theirs() {
     assert!(owners(&home.join("out")).iter().all(|o| o.1 == 0));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rotation
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn long_run_rotates_through_more_files_than_it_keeps() {
+    if !common::require_root("long_run_rotates_through_more_files_than_it_keeps") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-rotate");
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = common::run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--max-file-mib",
+        "1",
+        "--max-files",
+        "3",
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--handoff",
+        "20000",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let gt = common::parse_log(&log);
+    let total = expected_rows(&gt);
+    // ~170 bytes a row: some 6 MiB were written, so at least 5 files were started.
+    assert!(total > 30_000, "{total}");
+    let files = find_files(&out_dir, "memscope_dump_");
+    assert_eq!(files.len(), 3, "{files:?}");
+    let mut ids = Vec::new();
+    for f in &files {
+        let size = fs::metadata(f).unwrap().len();
+        assert!(
+            size <= (1 << 20) + (256 << 10) + 4096,
+            "{} is {size} bytes",
+            f.display()
+        );
+        let text = fs::read_to_string(f).unwrap();
+        assert!(text.ends_with('\n'));
+        let rows = common::parse_dump(f); // header and 12 fields checked
+        ids.extend(rows.iter().map(|r| r.id));
+        let a = analyze(f, &dir.join("analysis"), None);
+        assert_eq!(
+            a.status.code(),
+            Some(0),
+            "{}: {}",
+            f.display(),
+            stderr_of(&a)
+        );
+    }
+    // The kept files hold the newest rows, without a gap, up to the very last one.
+    ids.sort();
+    assert_eq!(
+        *ids.last().unwrap() + 1,
+        total,
+        "last id vs the workload's rows"
+    );
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "a gap in the kept rows"
+    );
+    assert!(ids[0] > 0, "the oldest files were deleted");
+    // The online analysis saw every row, rotated out or not.
+    assert!(err.contains("no HAL memory left live"), "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+}
