@@ -429,6 +429,18 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
             loss.first_error.as_deref().unwrap_or("?")
         ));
     }
+    let late = memscope_bpf::decode::STRINGS_READ_LATE.load(std::sync::atomic::Ordering::Relaxed);
+    let unread = memscope_bpf::decode::STRINGS_UNREAD.load(std::sync::atomic::Ordering::Relaxed);
+    if late > 0 {
+        log::debug(&format!(
+            "{late} mstx message(s) in pages the target had not touched yet, read from /proc/PID/mem"
+        ));
+    }
+    if unread > 0 {
+        log::warn(&format!(
+            "{unread} mstx message(s) could not be read (written with an empty name)"
+        ));
+    }
     if c.stacks_shed > 0 {
         log::warn(&format!(
             "{} call stack(s) taken without a copy of the stack (the ring buffer was over half \

@@ -926,3 +926,73 @@ fn long_run_rotates_through_more_files_than_it_keeps() {
     assert!(err.contains("no HAL memory left live"), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// mstx strings not yet resident
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn mstx_strings_in_untouched_pages_are_read() {
+    if !common::require_root("mstx_strings_in_untouched_pages_are_read") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-untouched");
+    let fixtures = common::fixtures();
+    let prog = dir.join("untouched_mark");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&prog)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/safety/untouched_mark.c"))
+        .arg(format!(
+            "-I{}",
+            common::repo_root().join("tests/fixtures/include").display()
+        ))
+        .arg(format!("-L{}", fixtures.join("lib").display()))
+        .arg(format!("-Wl,-rpath,{}", fixtures.join("lib").display()))
+        .arg("-lms_tools_ext")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out_dir = dir.join("out");
+    let out = Command::new(TRACER)
+        .env_remove("SUDO_UID")
+        .arg("-v")
+        .arg("-o")
+        .arg(&out_dir)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // What the program itself passed (it printed the strings after the calls).
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(said, ["step start", "untouched mark"]);
+    let rows: Vec<common::DumpRow> = find_files(&out_dir, "memscope_dump_")
+        .iter()
+        .flat_map(|f| common::parse_dump(f))
+        .collect();
+    let names = |t: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|r| r.event == "MSTX" && r.event_type == t)
+            .map(|r| r.name.clone())
+            .collect()
+    };
+    assert_eq!(names("Range_start"), ["step start"], "{err}");
+    assert_eq!(names("Mark"), ["untouched mark"], "{err}");
+    assert!(!err.contains("could not be read"), "{err}");
+    // The BPF side really could not read them (the case this test is about).
+    assert!(
+        err.contains("2 mstx message(s) in pages the target had not touched yet"),
+        "{err}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
