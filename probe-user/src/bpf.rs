@@ -491,6 +491,13 @@ impl Bpf {
         }
     }
 
+    /// The descriptor of the traced-process map (for the watchdog, which keeps it open).
+    pub fn traced_map_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use aya::maps::IterableMap;
+        use std::os::fd::AsFd;
+        self.traced.map().fd().as_fd()
+    }
+
     /// The processes currently traced (the BPF side drops a process when its last thread exits).
     pub fn traced_processes(&self) -> Vec<u32> {
         self.traced.keys().filter_map(Result::ok).collect()

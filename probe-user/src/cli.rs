@@ -377,6 +377,12 @@ pub struct Options {
     pub libs: Vec<PathBuf>,
     /// BPF ring buffer size in MiB (power of two, 1..=1024).
     pub ring_buffer_mib: u32,
+    /// `--as-root`: under sudo, launch the program as root instead of the invoking user.
+    pub as_root: bool,
+    /// `--max-file-mib`: rotate CSV dumps past this size.
+    pub max_file_mib: Option<u32>,
+    /// `--max-files`: keep at most this many dump files per device when rotating.
+    pub max_files: Option<u32>,
     /// Deprecation notices and other warnings for the caller to print on stderr.
     pub warnings: Vec<String>,
     /// `analyze --by-site/--by-stack/--at/--timeline`.
@@ -469,6 +475,14 @@ TARGET SELECTION:
                                     Dumps are CSV or db files, ours or msMemScope's
         --lib <PATH>                Library to attach the uprobes to, e.g. the driver's
                                     libascend_hal.so (repeatable)
+        --max-file-mib <MIB>        Rotate dumps: start a new CSV file once one passes MIB MiB
+                                    (1..=1048576), each a complete dump with its header
+                                    [default: one file per device, no limit]
+        --max-files <N>             With --max-file-mib: keep at most N dump files per device
+                                    (1..=10000), deleting the oldest [default: keep all]
+        --as-root                   Under sudo, run the program as root; without it the program
+                                    runs as the user who ran sudo (SUDO_UID, SUDO_GID and that
+                                    user's groups) and the results belong to that user
 
 WHAT TO COLLECT:
         --events <LIST>             alloc | free | launch | access | none
@@ -904,6 +918,9 @@ enum Opt {
     Timeline,
     Report,
     Perfetto,
+    AsRoot,
+    MaxFileMib,
+    MaxFiles,
 }
 
 impl Opt {
@@ -920,6 +937,7 @@ impl Opt {
                 | Opt::Timeline
                 | Opt::Report
                 | Opt::Perfetto
+                | Opt::AsRoot
         )
     }
 
@@ -961,6 +979,9 @@ fn lookup_long(name: &str) -> Option<(Opt, Option<&'static str>)> {
         "timeline" => Opt::Timeline,
         "report" => Opt::Report,
         "perfetto" => Opt::Perfetto,
+        "as-root" => Opt::AsRoot,
+        "max-file-mib" => Opt::MaxFileMib,
+        "max-files" => Opt::MaxFiles,
         _ => return None,
     };
     Some((opt, None))
@@ -1014,6 +1035,9 @@ struct State {
     quiet: bool,
     libs: Vec<PathBuf>,
     ring_buffer_mib: u32,
+    as_root: bool,
+    max_file_mib: Option<u32>,
+    max_files: Option<u32>,
     warnings: Vec<String>,
 }
 
@@ -1049,6 +1073,9 @@ impl State {
             quiet: false,
             libs: Vec::new(),
             ring_buffer_mib: DEFAULT_RING_BUFFER_MIB,
+            as_root: false,
+            max_file_mib: None,
+            max_files: None,
             warnings: Vec::new(),
         }
     }
@@ -1136,6 +1163,10 @@ impl State {
                 self.quiet = true;
                 return Ok(());
             }
+            Opt::AsRoot => {
+                self.as_root = true;
+                return Ok(());
+            }
             Opt::Compare => {
                 self.compare = true;
                 return Ok(());
@@ -1211,6 +1242,20 @@ impl State {
                 };
                 self.explicit_log_level = Some(level);
             }
+            Opt::MaxFileMib => {
+                self.max_file_mib = Some(
+                    parse_decimal(v, false)
+                        .filter(|n| *n <= 1 << 20)
+                        .ok_or_else(|| invalid(opt_name, v, "expected MiB from 1 to 1048576"))?,
+                );
+            }
+            Opt::MaxFiles => {
+                self.max_files = Some(
+                    parse_decimal(v, false)
+                        .filter(|n| *n <= 10_000)
+                        .ok_or_else(|| invalid(opt_name, v, "expected a count from 1 to 10000"))?,
+                );
+            }
             Opt::RingBuffer => {
                 self.ring_buffer_mib = parse_decimal(v, false)
                     .filter(|n| n.is_power_of_two() && *n <= MAX_RING_BUFFER_MIB)
@@ -1223,6 +1268,7 @@ impl State {
             | Opt::Verbose
             | Opt::Quiet
             | Opt::Compare
+            | Opt::AsRoot
             | Opt::Output
             | Opt::Input
             | Opt::Lib
@@ -1518,6 +1564,16 @@ impl State {
     }
 
     fn finish_options(mut self, mode: Mode) -> Result<Options, CliError> {
+        if self.max_files.is_some() && self.max_file_mib.is_none() {
+            return Err(CliError::usage(
+                "--max-files needs --max-file-mib (files are only rotated by size)".to_string(),
+            ));
+        }
+        if self.max_file_mib.is_some() && self.format == DataFormat::Db {
+            return Err(CliError::usage(
+                "--max-file-mib rotates CSV dumps; it cannot be used with --format=db".to_string(),
+            ));
+        }
         let output_dir = match self.output_dir.take() {
             Some(d) => d,
             None => default_output_dir()?,
@@ -1560,6 +1616,9 @@ impl State {
             log_level,
             libs: self.libs,
             ring_buffer_mib: self.ring_buffer_mib,
+            as_root: self.as_root,
+            max_file_mib: self.max_file_mib,
+            max_files: self.max_files,
             warnings: self.warnings,
             sites: self.sites,
             report_at_end: self.report_at_end,
@@ -2420,6 +2479,35 @@ mod tests {
         assert_eq!(o.mode, Mode::Attach { pid: 1 });
         let o = ok(&["--pid=1"]);
         assert_eq!(o.mode, Mode::Attach { pid: 1 });
+    }
+
+    #[test]
+    fn rotation_and_as_root_options() {
+        let o = ok(&["--max-file-mib=80", "--max-files", "10", "--", "true"]);
+        assert_eq!((o.max_file_mib, o.max_files), (Some(80), Some(10)));
+        let o = ok(&["--", "true"]);
+        assert_eq!(
+            (o.max_file_mib, o.max_files, o.as_root),
+            (None, None, false)
+        );
+        assert!(ok(&["--as-root", "--", "true"]).as_root);
+        usage_err(
+            &["--max-files=3", "--", "true"],
+            &["--max-files needs --max-file-mib"],
+        );
+        usage_err(
+            &["--max-file-mib=0", "--", "true"],
+            &["--max-file-mib", "1 to 1048576"],
+        );
+        usage_err(
+            &["--max-files=0", "--max-file-mib=1", "--", "true"],
+            &["1 to 10000"],
+        );
+        usage_err(
+            &["--max-file-mib=1", "--format=db", "--", "true"],
+            &["--format=db"],
+        );
+        usage_err(&["--as-root=yes", "--", "true"], &["--as-root"]);
     }
 
     #[test]

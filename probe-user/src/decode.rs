@@ -386,6 +386,51 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
     }
 }
 
+/// Strings the BPF side could not read and user space then read from `/proc/PID/mem`, and
+/// ones it could not read either (left empty).
+pub static STRINGS_READ_LATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static STRINGS_UNREAD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The NUL-terminated string at `addr` in process `pid` (at most
+/// [`probe_common::DATA_LEN`] bytes, as the BPF side reads), read through `/proc/PID/mem` opened read
+/// only; empty (and counted) when that fails too.
+fn deferred_string(pid: u32, addr: u64) -> String {
+    use std::{os::unix::fs::FileExt, sync::atomic::Ordering};
+    let max = probe_common::DATA_LEN;
+    let read = || -> Option<String> {
+        if addr == 0 {
+            return None;
+        }
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+        let mut buf = vec![0u8; max];
+        // A string near the end of a mapping: read what there is.
+        let mut n = 0;
+        while n < max {
+            match mem.read_at(&mut buf[n..], addr + n as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    n += k;
+                    if buf[..n].contains(&0) {
+                        break;
+                    }
+                }
+            }
+        }
+        let end = buf[..n].iter().position(|&b| b == 0)?;
+        Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+    };
+    match read() {
+        Some(s) => {
+            STRINGS_READ_LATE.fetch_add(1, Ordering::Relaxed);
+            s
+        }
+        None => {
+            STRINGS_UNREAD.fetch_add(1, Ordering::Relaxed);
+            String::new()
+        }
+    }
+}
+
 fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
     let id = ProbeId::from_raw(raw.probe)?;
     let ret = raw.ret as i32;
@@ -393,7 +438,9 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
     let deref = (raw.flags & event_flags::DEREF_FAULT == 0).then_some(raw.deref);
     let text = || {
         if raw.flags & event_flags::DATA_FAULT != 0 {
-            String::new()
+            // The BPF side cannot fault a page in (a string literal in a page the target
+            // has not touched yet): read it from user space instead.
+            deferred_string(raw.pid, raw.args[0])
         } else {
             String::from_utf8_lossy(raw.data()).into_owned()
         }

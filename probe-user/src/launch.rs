@@ -29,8 +29,79 @@ fn pipe_cloexec() -> Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Who the launched program runs as, when not as us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (the user's, from the group database).
+    pub groups: Vec<u32>,
+    pub user: String,
+}
+
+impl Credentials {
+    /// The user who ran `sudo` (`SUDO_UID`, `SUDO_GID`, and that user's groups), when we run
+    /// as root under sudo on behalf of someone else.
+    pub fn sudo_user() -> Result<Option<Credentials>> {
+        // SAFETY: no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        let Some(uid) = std::env::var("SUDO_UID").ok() else {
+            return Ok(None);
+        };
+        let uid: u32 = uid
+            .parse()
+            .with_context(|| format!("SUDO_UID '{uid}' is not a user id"))?;
+        if uid == 0 {
+            return Ok(None);
+        }
+        let gid: u32 = match std::env::var("SUDO_GID") {
+            Ok(g) => g
+                .parse()
+                .with_context(|| format!("SUDO_GID '{g}' is not a group id"))?,
+            Err(_) => bail!("SUDO_UID is set but SUDO_GID is not"),
+        };
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: valid out-pointers and buffer of the given length.
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+        if found.is_null() {
+            bail!("SUDO_UID {uid} is no user in the password database");
+        }
+        // SAFETY: pw_name points into `buf`, NUL-terminated.
+        let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_owned();
+        let mut groups = vec![0 as libc::gid_t; 256];
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: valid name and a groups array of `n` entries.
+        if unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) } < 0 {
+            groups.resize(n.max(0) as usize, 0);
+            // SAFETY: as above, with the size it asked for.
+            unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        }
+        groups.truncate(n.max(0) as usize);
+        Ok(Some(Credentials {
+            uid,
+            gid,
+            groups,
+            user: name.to_string_lossy().into_owned(),
+        }))
+    }
+}
+
 /// Forks a child that will exec `program` with `args` (args[0] included) once released.
 pub fn spawn_gated(program: &Path, args: &[OsString]) -> Result<GatedChild> {
+    spawn_gated_as(program, args, None)
+}
+
+/// [`spawn_gated`], the program running as `creds` (groups, gid, then uid are set in the
+/// child before exec; a failure there is reported like a failed exec).
+pub fn spawn_gated_as(
+    program: &Path,
+    args: &[OsString],
+    creds: Option<&Credentials>,
+) -> Result<GatedChild> {
     // Everything the child needs is allocated before fork: after it, only async-signal-safe calls.
     let path = CString::new(program.as_os_str().as_bytes()).context("program path contains NUL")?;
     let argv_owned: Vec<CString> = args
@@ -48,14 +119,26 @@ pub fn spawn_gated(program: &Path, args: &[OsString]) -> Result<GatedChild> {
         return Err(std::io::Error::last_os_error()).context("fork");
     }
     if pid == 0 {
-        // Child: wait for the go byte (EOF means the tracer died: do not run untraced).
+        // Child: wait for the go byte (EOF means the tracer died: do not run untraced; for
+        // that EOF to come, our copy of the write end must be closed).
         unsafe {
+            libc::close(go_wr.as_raw_fd());
             let mut b = 0u8;
             let n = libc::read(go_rd.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
             if n != 1 {
                 libc::_exit(127);
             }
-            libc::execv(path.as_ptr(), argv.as_ptr());
+            let dropped = match creds {
+                None => true,
+                Some(c) => {
+                    libc::setgroups(c.groups.len(), c.groups.as_ptr()) == 0
+                        && libc::setresgid(c.gid, c.gid, c.gid) == 0
+                        && libc::setresuid(c.uid, c.uid, c.uid) == 0
+                }
+            };
+            if dropped {
+                libc::execv(path.as_ptr(), argv.as_ptr());
+            }
             let errno = *libc::__errno_location();
             libc::write(err_wr.as_raw_fd(), (&errno as *const i32).cast(), 4);
             libc::_exit(127);

@@ -32,3 +32,4 @@ pub mod target;
 pub mod torch_npu;
 pub mod tracefs;
 pub mod tracker;
+pub mod watchdog;

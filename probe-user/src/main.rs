@@ -127,6 +127,20 @@ fn run(opts: Options) -> Result<u8> {
         }
         _ => None,
     };
+    // Under sudo the program runs as the user who ran it, and the results are theirs.
+    let run_as = match &opts.mode {
+        Mode::Launch { .. } if !opts.as_root => {
+            launch::Credentials::sudo_user().map_err(|e| usage(format!("{e:#}")))?
+        }
+        _ => None,
+    };
+    if let Some(c) = &run_as {
+        output::fsutil::give_results_to(c.uid, c.gid);
+        log::info(&format!(
+            "running the program as {} (uid {}, gid {}; --as-root keeps root)",
+            c.user, c.uid, c.gid
+        ));
+    }
     output::fsutil::check_writable(&opts.output_dir)
         .map_err(|e| usage(format!("invalid output directory: {e:#}")))?;
 
@@ -164,6 +178,14 @@ fn run(opts: Options) -> Result<u8> {
     offsets.python_stacks = python_depth.is_some() as u32;
     let mut python = python_depth.map(memscope_bpf::pystacks::PyStacks::new);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
+    // Launch mode stops processes that only we continue: a watchdog continues them if we die
+    // or freeze (src/watchdog.rs).
+    let watchdog = match opts.mode {
+        Mode::Launch { .. } => Some(memscope_bpf::watchdog::Watchdog::start(
+            bpf.traced_map_fd(),
+        )?),
+        _ => None,
+    };
     let mut planner = Planner::new(opts.libs.clone());
     // Held at exit(), a process's stacks can still be resolved (its mappings, the code objects
     // of Python samples still on their way).
@@ -179,7 +201,7 @@ fn run(opts: Options) -> Result<u8> {
     let child = match (&opts.mode, launch) {
         (Mode::Launch { .. }, Some((program, argv))) => {
             launch::become_subreaper();
-            let gated = launch::spawn_gated(&program, &argv)?;
+            let gated = launch::spawn_gated_as(&program, &argv, run_as.as_ref())?;
             let pid = gated.pid;
             let setup = (|| -> Result<()> {
                 bpf.trace_process(pid)?;
@@ -245,11 +267,18 @@ fn run(opts: Options) -> Result<u8> {
         stack_depth,
         python,
         mixed: opts.call_stack.mixed,
+        rotate: opts
+            .max_file_mib
+            .map(|m| (u64::from(m) << 20, opts.max_files)),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
+    // Everything traced has been continued: the watchdog can go.
+    if let Some(w) = watchdog {
+        w.disarm();
+    }
 
     print_summary(&result, &opts.output_dir, opts.analysis.oom_top_k.is_some());
     if let Some(file) = &opts.report_at_end {
@@ -468,6 +497,18 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
             "{} write(s) failed ({}) but were retried: every row is in the files",
             loss.failed_writes,
             loss.first_error.as_deref().unwrap_or("?")
+        ));
+    }
+    let late = memscope_bpf::decode::STRINGS_READ_LATE.load(std::sync::atomic::Ordering::Relaxed);
+    let unread = memscope_bpf::decode::STRINGS_UNREAD.load(std::sync::atomic::Ordering::Relaxed);
+    if late > 0 {
+        log::debug(&format!(
+            "{late} mstx message(s) in pages the target had not touched yet, read from /proc/PID/mem"
+        ));
+    }
+    if unread > 0 {
+        log::warn(&format!(
+            "{unread} mstx message(s) could not be read (written with an empty name)"
         ));
     }
     if c.stacks_shed > 0 {

@@ -62,6 +62,8 @@ pub struct SessionConfig {
     pub python: Option<PyStacks>,
     /// `--call-stack=mixed`: the C column shows the Python frames in place of the loop.
     pub mixed: bool,
+    /// `--max-file-mib` (in bytes) and `--max-files`: rotating CSV dumps.
+    pub rotate: Option<(u64, Option<u32>)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -589,15 +591,21 @@ impl Session {
             self.order.push(pid);
         }
         let cfg = &self.cfg;
-        self.procs.entry(pid).or_insert_with(|| Traced {
-            state: ProcessState::new(pid),
-            out: ProcessOutput::with_format(
+        self.procs.entry(pid).or_insert_with(|| {
+            let mut out = ProcessOutput::with_format(
                 &cfg.output_dir,
                 pid,
                 cfg.config_json.clone(),
                 cfg.format,
-            ),
-            finished: false,
+            );
+            if let Some((bytes, files)) = cfg.rotate {
+                out.rotate(bytes, files);
+            }
+            Traced {
+                state: ProcessState::new(pid),
+                out,
+                finished: false,
+            }
         })
     }
 

@@ -582,3 +582,417 @@ fn thread_id_given_to_pid_traces_its_process() {
     assert!(!gt.of("MALLOC").is_empty());
     fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A killed or frozen tracer
+// ---------------------------------------------------------------------------------------------
+
+/// Children of `pid` (from /proc, not from the tracer).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let status = fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            let ppid: u32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(p)
+        })
+        .collect()
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+/// Launches a forking workload (it forks and execs a child after `go`), freezes the tracer,
+/// lets the workload go and waits until the BPF side has stopped the child at its exec (only
+/// the tracer would continue it). Returns the tracer, the workload's pid and the scratch dir.
+fn child_stopped_at_exec(name: &str) -> (common::Background, u32, PathBuf) {
+    let dir = scratch(name);
+    let go = dir.join("go");
+    let log = dir.join("gt.log");
+    let mut tracer = common::Background::spawn(&[
+        "-o",
+        dir.join("out").to_str().unwrap(),
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--wait-file",
+        go.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--spawn-child",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let pid = tracer.target_pid();
+    // Released and exec'd (not still at the tracer's gate), now waiting for `go`.
+    let waiting = wait_until(60, || {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "workload")
+            && common::process_state(pid) == Some('S')
+    });
+    assert!(waiting, "the workload never started");
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer.child.id() as i32, libc::SIGSTOP) };
+    fs::write(&go, "").unwrap();
+    let stopped = wait_until(30, || {
+        children_of(pid)
+            .iter()
+            .any(|c| common::process_state(*c) == Some('T'))
+    });
+    assert!(stopped, "the workload's child was never stopped at exec");
+    (tracer, pid, dir)
+}
+
+/// The workload and its child ran to the end (the child's own log has its summary).
+fn assert_workload_finished(pid: u32, dir: &Path) {
+    let done = wait_until(60, || {
+        matches!(common::process_state(pid), None | Some('Z'))
+    });
+    let kids: Vec<(u32, Option<char>)> = children_of(pid)
+        .into_iter()
+        .map(|c| (c, common::process_state(c)))
+        .collect();
+    assert!(
+        done,
+        "workload {pid} still there ({:?}); its children: {kids:?}",
+        common::process_state(pid)
+    );
+    let child_log = fs::read_to_string(dir.join("gt.log.child")).unwrap_or_default();
+    assert!(
+        child_log.contains("SUMMARY"),
+        "the child never finished: {child_log}"
+    );
+}
+
+#[test]
+fn sigkilled_tracer_leaves_no_process_stopped() {
+    if !common::require_root("sigkilled_tracer_leaves_no_process_stopped") {
+        return;
+    }
+    let _serial = common::serial();
+    let (mut tracer, pid, dir) = child_stopped_at_exec("safety-kill9");
+    tracer.child.kill().unwrap();
+    let _ = tracer.child.wait();
+    assert_workload_finished(pid, &dir);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn frozen_tracer_does_not_freeze_the_job() {
+    if !common::require_root("frozen_tracer_does_not_freeze_the_job") {
+        return;
+    }
+    let _serial = common::serial();
+    let (tracer, pid, dir) = child_stopped_at_exec("safety-frozen");
+    assert_workload_finished(pid, &dir);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer.child.id() as i32, libc::SIGCONT) };
+    let (code, err) = tracer.finish();
+    assert_eq!(code, Some(0), "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded memory offline
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `analyze` on `input`; returns its exit code, stderr and peak RSS in KiB (wait4's
+/// rusage of that one child, not the tracer's own account).
+#[allow(clippy::zombie_processes)] // reaped with wait4, which std does not know about
+fn analyze_peak_rss(input: &Path, out: &Path) -> (Option<i32>, String, i64) {
+    let mut child = Command::new(TRACER)
+        .arg("analyze")
+        .arg(format!("--input-path={}", input.display()))
+        .arg("-o")
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let mut status = 0;
+    // SAFETY: zeroed rusage filled by wait4 for our own child.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(r, pid);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    (code, stderr, ru.ru_maxrss)
+}
+
+#[test]
+fn huge_lines_are_refused_with_bounded_memory() {
+    let dir = scratch("safety-huge");
+    // 8 GiB of zeros (sparse): no header, no line end.
+    let zeros = dir.join("zeros.csv");
+    fs::File::create(&zeros).unwrap().set_len(8 << 30).unwrap();
+    let (code, err, rss_kib) = analyze_peak_rss(&zeros, &dir.join("out"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no header line"), "{err}");
+    assert!(rss_kib < 64 << 10, "peak RSS {rss_kib} KiB");
+    // A good header, one good row, then a 2 GiB line.
+    let long = dir.join("long.csv");
+    fs::write(
+        &long,
+        format!(
+            "{CSV_HEADER}\n0,MALLOC,HAL,N/A,10,77,78,0,0x0000124000000000,\"{{allocation_id:1,addr:0x0000124000000000,size:4096}}\",,\n"
+        ),
+    )
+    .unwrap();
+    let f = fs::OpenOptions::new().append(true).open(&long).unwrap();
+    f.set_len(f.metadata().unwrap().len() + (2 << 30)).unwrap();
+    let (code, err, rss_kib) = analyze_peak_rss(&long, &dir.join("out"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(":3:") || err.contains("line 3"), "{err}");
+    assert!(err.contains("longer than 16 MiB"), "{err}");
+    assert!(rss_kib < 96 << 10, "peak RSS {rss_kib} KiB");
+    eprintln!("peak RSS on the 2 GiB line: {rss_kib} KiB");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// sudo
+// ---------------------------------------------------------------------------------------------
+
+/// Launches the workload as root "under sudo for nobody" (SUDO_UID/SUDO_GID as sudo sets them);
+/// returns the tracer's exit code and stderr.
+fn traced_under_sudo(home: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(TRACER);
+    cmd.args(extra)
+        .arg("-o")
+        .arg(home.join("out"))
+        .arg("--")
+        .arg(common::bin("workload"))
+        .args(["--steps", "1", "--log"])
+        .arg(home.join("gt.log"))
+        .env("SUDO_UID", NOBODY.to_string())
+        .env("SUDO_GID", NOBODY.to_string())
+        .env("SUDO_USER", "nobody")
+        .stdout(Stdio::null());
+    let out = cmd.output().unwrap();
+    (out.status.code(), stderr_of(&out))
+}
+
+/// Every directory and file under `dir` (itself included): (path, uid, gid, mode).
+fn owners(dir: &Path) -> Vec<(PathBuf, u32, u32, u32)> {
+    let m = fs::symlink_metadata(dir).unwrap();
+    let mut v = vec![(dir.to_path_buf(), m.uid(), m.gid(), m.mode() & 0o777)];
+    if m.is_dir() {
+        for e in fs::read_dir(dir).unwrap() {
+            v.extend(owners(&e.unwrap().path()));
+        }
+    }
+    v
+}
+
+#[test]
+fn under_sudo_the_program_runs_as_the_user_and_the_results_are_theirs() {
+    if !common::require_root("under_sudo_the_program_runs_as_the_user_and_the_results_are_theirs") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = open_scratch("safety-sudo");
+    let home = dir.join("home");
+    fs::create_dir(&home).unwrap();
+    chown(&home, NOBODY);
+    let (code, err) = traced_under_sudo(&home, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("running the program as nobody (uid 65534, gid 65534"),
+        "{err}"
+    );
+    // The workload created its log: the kernel made it the user's.
+    let log = fs::metadata(home.join("gt.log")).unwrap();
+    assert_eq!((log.uid(), log.gid()), (NOBODY, NOBODY));
+    let gt = common::parse_log(&home.join("gt.log"));
+    assert!(!gt.of("MALLOC").is_empty());
+    let out = owners(&home.join("out"));
+    assert!(out.len() >= 5, "{out:?}"); // out, process dir, config.json, device_0, dump, csv
+    for (p, uid, gid, mode) in &out {
+        assert_eq!((*uid, *gid), (NOBODY, NOBODY), "{}", p.display());
+        let want = if fs::symlink_metadata(p).unwrap().is_dir() {
+            0o750
+        } else {
+            0o640
+        };
+        assert_eq!(*mode, want, "{}", p.display());
+    }
+    // The user can remove what was written for them.
+    let rm = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "rm",
+            "-r",
+        ])
+        .arg(home.join("out"))
+        .status()
+        .unwrap();
+    assert!(rm.success());
+    // --as-root keeps root.
+    fs::remove_file(home.join("gt.log")).unwrap();
+    let (code, err) = traced_under_sudo(&home, &["--as-root"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(fs::metadata(home.join("gt.log")).unwrap().uid(), 0);
+    assert!(owners(&home.join("out")).iter().all(|o| o.1 == 0));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotation
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn long_run_rotates_through_more_files_than_it_keeps() {
+    if !common::require_root("long_run_rotates_through_more_files_than_it_keeps") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-rotate");
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = common::run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--max-file-mib",
+        "1",
+        "--max-files",
+        "3",
+        "--",
+        common::bin("workload").to_str().unwrap(),
+        "--handoff",
+        "20000",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let gt = common::parse_log(&log);
+    let total = expected_rows(&gt);
+    // ~170 bytes a row: some 6 MiB were written, so at least 5 files were started.
+    assert!(total > 30_000, "{total}");
+    let files = find_files(&out_dir, "memscope_dump_");
+    assert_eq!(files.len(), 3, "{files:?}");
+    let mut ids = Vec::new();
+    for f in &files {
+        let size = fs::metadata(f).unwrap().len();
+        assert!(
+            size <= (1 << 20) + (256 << 10) + 4096,
+            "{} is {size} bytes",
+            f.display()
+        );
+        let text = fs::read_to_string(f).unwrap();
+        assert!(text.ends_with('\n'));
+        let rows = common::parse_dump(f); // header and 12 fields checked
+        ids.extend(rows.iter().map(|r| r.id));
+        let a = analyze(f, &dir.join("analysis"), None);
+        assert_eq!(
+            a.status.code(),
+            Some(0),
+            "{}: {}",
+            f.display(),
+            stderr_of(&a)
+        );
+    }
+    // The kept files hold the newest rows, without a gap, up to the very last one.
+    ids.sort();
+    assert_eq!(
+        *ids.last().unwrap() + 1,
+        total,
+        "last id vs the workload's rows"
+    );
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "a gap in the kept rows"
+    );
+    assert!(ids[0] > 0, "the oldest files were deleted");
+    // The online analysis saw every row, rotated out or not.
+    assert!(err.contains("no HAL memory left live"), "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// mstx strings not yet resident
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn mstx_strings_in_untouched_pages_are_read() {
+    if !common::require_root("mstx_strings_in_untouched_pages_are_read") {
+        return;
+    }
+    let _serial = common::serial();
+    let dir = scratch("safety-untouched");
+    let fixtures = common::fixtures();
+    let prog = dir.join("untouched_mark");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&prog)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/safety/untouched_mark.c"))
+        .arg(format!(
+            "-I{}",
+            common::repo_root().join("tests/fixtures/include").display()
+        ))
+        .arg(format!("-L{}", fixtures.join("lib").display()))
+        .arg(format!("-Wl,-rpath,{}", fixtures.join("lib").display()))
+        .arg("-lms_tools_ext")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out_dir = dir.join("out");
+    let out = Command::new(TRACER)
+        .env_remove("SUDO_UID")
+        .arg("-v")
+        .arg("-o")
+        .arg(&out_dir)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // What the program itself passed (it printed the strings after the calls).
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(said, ["step start", "untouched mark"]);
+    let rows: Vec<common::DumpRow> = find_files(&out_dir, "memscope_dump_")
+        .iter()
+        .flat_map(|f| common::parse_dump(f))
+        .collect();
+    let names = |t: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|r| r.event == "MSTX" && r.event_type == t)
+            .map(|r| r.name.clone())
+            .collect()
+    };
+    assert_eq!(names("Range_start"), ["step start"], "{err}");
+    assert_eq!(names("Mark"), ["untouched mark"], "{err}");
+    assert!(!err.contains("could not be read"), "{err}");
+    // The BPF side really could not read them (the case this test is about).
+    assert!(
+        err.contains("2 mstx message(s) in pages the target had not touched yet"),
+        "{err}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -96,6 +96,46 @@ impl fmt::Display for Loc {
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
+/// The longest CSV line (and record, a quoted field spanning lines included) we read: memory
+/// stays bounded whatever the input (a 200-frame C stack is ~40 KiB). Longer is an input error.
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+
+/// `read_until(b'\n')` that stops after `cap` bytes in `buf`; `Ok((n, false))` when the line
+/// was cut there.
+fn read_line_capped(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<(usize, bool)> {
+    let mut total = 0;
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok((total, true));
+        }
+        let room = cap.saturating_sub(buf.len());
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) if i < room => (i + 1, true),
+            _ if avail.len() <= room => (avail.len(), false),
+            _ => {
+                buf.extend_from_slice(&avail[..room]);
+                r.consume(room);
+                return Ok((total + room, false));
+            }
+        };
+        buf.extend_from_slice(&avail[..take]);
+        r.consume(take);
+        total += take;
+        if done {
+            return Ok((total, true));
+        }
+    }
+}
+
 /// Checks the input rules and tells CSV from SQLite by the file's first bytes.
 pub fn detect_kind(path: &Path) -> Result<DumpKind, InputError> {
     check_input_file(path)?;
@@ -237,6 +277,11 @@ impl Records {
         Ok(true)
     }
 
+    /// Bytes held for the record in progress.
+    fn pending_bytes(&self) -> usize {
+        self.cur.len() + self.fields.iter().map(Vec::len).sum::<usize>()
+    }
+
     fn end_field(&mut self) {
         self.fields.push(std::mem::take(&mut self.cur));
         self.st = St::Start;
@@ -251,7 +296,28 @@ fn read_csv(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Resul
     let io_err = |e: std::io::Error| InputError::file(path, format!("cannot be read: {e}"));
     let mut r = BufReader::with_capacity(1 << 20, open_nofollow(path)?);
     let mut buf = Vec::new();
-    if r.read_until(b'\n', &mut buf).map_err(io_err)? == 0 {
+    let too_long = |line: u64| {
+        InputError::line(
+            path,
+            line,
+            format!(
+                "longer than {} MiB without a line end: not a memscope_dump CSV, or a field far \
+                 longer than any dump holds",
+                MAX_RECORD_BYTES >> 20
+            ),
+        )
+    };
+    // The header is short: a first line past a few KiB (an 8 GiB file of zeros) is not one.
+    let (n, whole) = read_line_capped(&mut r, &mut buf, 64 << 10).map_err(io_err)?;
+    if !whole {
+        return Err(InputError::line(
+            path,
+            1,
+            format!("not a memscope_dump CSV: no header line (`{CSV_HEADER}`) in its first 64 KiB"),
+        )
+        .into());
+    }
+    if n == 0 {
         return Err(InputError::file(
             path,
             format!("is empty; a memscope_dump CSV starts with the header `{CSV_HEADER}`"),
@@ -276,7 +342,12 @@ fn read_csv(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Resul
     let mut rec = Records::new();
     loop {
         buf.clear();
-        if r.read_until(b'\n', &mut buf).map_err(io_err)? == 0 {
+        let cap = MAX_RECORD_BYTES.saturating_sub(rec.pending_bytes());
+        let (n, whole) = read_line_capped(&mut r, &mut buf, cap).map_err(io_err)?;
+        if !whole {
+            return Err(too_long(if rec.open { start_line } else { line_no + 1 }).into());
+        }
+        if n == 0 {
             if rec.open {
                 return Err(InputError::line(
                     path,

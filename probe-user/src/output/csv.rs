@@ -306,6 +306,8 @@ struct DeviceFile {
     sink: Sink,
     /// Writes to this file are failing (reported once, until they work again).
     failing: bool,
+    /// Names of this device's earlier dump files still on disk (rotation), oldest first.
+    older: std::collections::VecDeque<String>,
 }
 
 /// What could not be written: counted, reported once, and summed up at the end.
@@ -365,6 +367,8 @@ pub struct ProcessOutput {
     next_id: u64,
     rows_written: u64,
     loss: WriteLoss,
+    /// `--max-file-mib` in bytes and `--max-files`.
+    rotation: Option<(u64, Option<u32>)>,
 }
 
 impl ProcessOutput {
@@ -396,6 +400,7 @@ impl ProcessOutput {
             next_id: 0,
             rows_written: 0,
             loss: WriteLoss::default(),
+            rotation: None,
         }
     }
 
@@ -412,6 +417,57 @@ impl ProcessOutput {
     /// What could not be written so far.
     pub fn loss(&self) -> &WriteLoss {
         &self.loss
+    }
+
+    /// Rotating CSV dumps: a device's file is closed once it holds `max_bytes` (give or take
+    /// one write buffer) and a new one, with its own header, takes the next rows; with
+    /// `max_files`, the oldest files beyond that many are deleted.
+    pub fn rotate(&mut self, max_bytes: u64, max_files: Option<u32>) {
+        self.rotation = Some((max_bytes.max(1), max_files));
+    }
+
+    /// After a write: starts the next file of `at` if this one is full (rotation).
+    fn rotate_if_full(&mut self, at: usize) {
+        let Some((max_bytes, max_files)) = self.rotation else {
+            return;
+        };
+        let device = self.files[at].0;
+        let f = &mut self.files[at].1;
+        let Sink::Csv(c) = &mut f.sink else {
+            return;
+        };
+        if c.file.is_none() || c.written < max_bytes {
+            return;
+        }
+        if let Some(name) = f.path.file_name() {
+            f.older.push_back(name.to_string_lossy().into_owned());
+        }
+        f.sink = Sink::Csv(CsvFile::new());
+        let Some(keep) = max_files else {
+            return;
+        };
+        // The next file counts too.
+        let mut doomed = Vec::new();
+        while f.older.len() + 1 > keep as usize {
+            doomed.extend(f.older.pop_front());
+        }
+        if doomed.is_empty() {
+            return;
+        }
+        match self.device_dump_dir(device) {
+            Ok(dir) => {
+                for name in doomed {
+                    match dir.remove_file(&name) {
+                        Ok(()) => crate::log::debug(&format!(
+                            "rotation: deleted {}",
+                            dir.path().join(&name).display()
+                        )),
+                        Err(e) => crate::log::warn(&format!("rotation: {e:#}")),
+                    }
+                }
+            }
+            Err(e) => crate::log::warn(&format!("rotation: {e:#}")),
+        }
     }
 
     /// A side file (leak report, ...) that could not be written: counted with the rows.
@@ -481,6 +537,7 @@ impl ProcessOutput {
                     path,
                     sink: Sink::Csv(out),
                     failing: false,
+                    older: Default::default(),
                 })
             }
             DataFormat::Db => {
@@ -496,6 +553,7 @@ impl ProcessOutput {
                     path,
                     sink: Sink::Db(db),
                     failing: false,
+                    older: Default::default(),
                 })
             }
         }
@@ -510,6 +568,14 @@ impl ProcessOutput {
             Sink::Csv(c) => c.file.is_some(),
             Sink::Db(_) => true,
         };
+        if let Sink::Csv(c) = &self.files[at].1.sink
+            && !created
+            && c.buf_rows == 0
+            && !self.files[at].1.older.is_empty()
+        {
+            // Rotated, and nothing for the next file yet: no file with only a header.
+            return;
+        }
         let mut result: Result<()> = Ok(());
         if !created {
             let stem = format!("memscope_dump_{}", local_timestamp());
@@ -549,6 +615,9 @@ impl ProcessOutput {
                         f.path.display(),
                         self.loss.failed_writes
                     ));
+                }
+                if !finishing {
+                    self.rotate_if_full(at);
                 }
             }
             Err(e) => {

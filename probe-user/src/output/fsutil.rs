@@ -108,6 +108,30 @@ pub fn sudo_uid() -> Option<u32> {
     std::env::var("SUDO_UID").ok()?.parse().ok()
 }
 
+/// Who what we create is given to (`fchown`), when not to us: the user who ran sudo.
+static OWNER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// Everything created from now on is given to `uid:gid` (results of a sudo run belong to the
+/// user who ran it). Set once, before any output is created.
+pub fn give_results_to(uid: u32, gid: u32) {
+    let _ = OWNER.set((uid, gid));
+}
+
+fn hand_over(fd: i32) -> io::Result<()> {
+    if let Some(&(uid, gid)) = OWNER.get() {
+        // SAFETY: plain syscall on a descriptor we own.
+        if unsafe { libc::fchown(fd, uid, gid) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A directory we made (owned by us, or by whom we gave it to).
+fn ours(uid: u32) -> bool {
+    uid == euid() || OWNER.get().is_some_and(|&(u, _)| u == uid)
+}
+
 /// Owners whose directories and symlinks we trust on the way to the output root.
 fn trusted_owner(uid: u32) -> bool {
     uid == 0 || uid == euid()
@@ -170,12 +194,14 @@ impl Dir {
         // directory) with a directory of theirs: only the one we made is ours to use.
         let st = fstat(fd.as_raw_fd())?;
         if st.st_uid != euid() {
+            // Nothing we create carries another owner before `hand_over` below.
             return Err(io::Error::other(format!(
                 "{} was replaced while being created",
                 self.path.join(name).display()
             )));
         }
         fchmod(fd.as_raw_fd(), DIR_MODE)?;
+        hand_over(fd.as_raw_fd())?;
         Ok(Dir {
             fd: Arc::new(fd),
             path: self.path.join(name),
@@ -206,7 +232,7 @@ impl Dir {
             _ => anyhow::Error::from(e).context(format!("cannot open {}", shown.display())),
         })?;
         let st = fstat(fd.as_raw_fd())?;
-        if st.st_uid != euid() {
+        if !ours(st.st_uid) {
             bail!(
                 "{} is owned by uid {}, not by us: refusing to write there",
                 shown.display(),
@@ -276,6 +302,7 @@ impl Dir {
             FILE_MODE,
         )?;
         fchmod(fd.as_raw_fd(), FILE_MODE)?;
+        hand_over(fd.as_raw_fd())?;
         Ok(File::from(fd))
     }
 
@@ -370,6 +397,14 @@ fn resolve(path: &Path, create: bool) -> Result<OwnedFd> {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {
                 // SAFETY: `c` is NUL-terminated.
                 let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), DIR_MODE) };
+                if r == 0 {
+                    // Ours: give it its owner (a failure here is caught by the walk below).
+                    if let Ok(fd) = openat(cur.as_raw_fd(), &c, DIR_FLAGS, 0)
+                        && fstat(fd.as_raw_fd()).is_ok_and(|st| st.st_uid == euid())
+                    {
+                        let _ = hand_over(fd.as_raw_fd());
+                    }
+                }
                 if r != 0 {
                     let e = io::Error::last_os_error();
                     if e.raw_os_error() != Some(libc::EEXIST) {

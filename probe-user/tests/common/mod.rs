@@ -72,7 +72,10 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 pub fn run_tracer(args: &[&str]) -> Output {
+    // Tests run as plain root: a `sudo` around the test run must not make the tracer launch
+    // the fixtures as the invoking user.
     Command::new(TRACER)
+        .env_remove("SUDO_UID")
         .args(args)
         .output()
         .expect("run memscope-bpf")
@@ -414,6 +417,7 @@ impl Background {
     pub fn spawn(args: &[&str]) -> Background {
         use std::io::BufRead;
         let mut child = Command::new(TRACER)
+            .env_remove("SUDO_UID")
             .args(args)
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -1,0 +1,225 @@
+//! A watchdog that outlives the tracer, so no traced process stays stopped.
+//!
+//! In launch mode the BPF side stops a process (SIGSTOP) at exec and when it opens an
+//! unplanned shared object, and only the tracer continues it. A tracer killed with SIGKILL, or
+//! frozen (SIGSTOP, a debugger), would leave that process, and whoever waits for it, stopped
+//! forever. The watchdog is a small forked process that holds nothing but a pipe from the
+//! tracer and a descriptor of the traced-process map (`TRACED`, which thereby outlives the
+//! tracer too); every other descriptor, the BPF programs' links included, is closed, so the
+//! programs still go away with the tracer.
+//!
+//! - The tracer ends normally: it writes one byte, and the watchdog exits at once.
+//! - The pipe closes without that byte (the tracer died): for [`AFTER_DEATH`] (while the
+//!   programs detach) every traced process that is stopped is continued, then it exits.
+//! - The tracer is stopped for more than [`FROZEN_AFTER`]: every traced process that is
+//!   stopped is continued, for as long as the tracer stays stopped (their calls are traced
+//!   again once it runs; libraries opened meanwhile may have had no probes yet).
+//!
+//! It ignores SIGINT/SIGTERM/SIGHUP (a Ctrl-C for the tracer's process group must not take it
+//! first) and writes nothing (stdout and stderr are /dev/null, so nobody waits on its output).
+
+use std::{
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+/// How long the tracer may be stopped before the watchdog continues the traced processes.
+pub const FROZEN_AFTER: Duration = Duration::from_millis(1000);
+/// How long after the tracer's death stopped processes are still continued.
+pub const AFTER_DEATH: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(50);
+
+/// The tracer's end: dropping it without [`disarm`](Self::disarm) reads as a death.
+pub struct Watchdog {
+    pipe: OwnedFd,
+    pub pid: u32,
+}
+
+impl Watchdog {
+    /// Forks the watchdog. Must run while this process has one thread (before the async
+    /// runtime starts).
+    pub fn start(traced_map: BorrowedFd<'_>) -> Result<Watchdog> {
+        let mut fds = [0; 2];
+        // SAFETY: valid out-array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("pipe2");
+        }
+        // SAFETY: both fds were just created and are owned by nobody else.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: no preconditions.
+        let tracer = unsafe { libc::getpid() } as u32;
+        // SAFETY: fork in a single-threaded process; the child runs plain code and exits.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error()).context("fork the watchdog");
+        }
+        if pid == 0 {
+            let map = traced_map.as_raw_fd();
+            let rd = rd.as_raw_fd();
+            std::mem::forget(wr);
+            child(tracer, rd, map);
+        }
+        drop(rd);
+        Ok(Watchdog {
+            pipe: wr,
+            pid: pid as u32,
+        })
+    }
+
+    /// The tracer ends normally (it has continued everything itself): the watchdog exits.
+    pub fn disarm(self) {
+        // SAFETY: one byte from a valid buffer to our pipe.
+        unsafe { libc::write(self.pipe.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
+    }
+}
+
+/// The watchdog process. Never returns.
+fn child(tracer: u32, pipe: i32, map: i32) -> ! {
+    // SAFETY: plain syscalls on our own process.
+    unsafe {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        close_all_but(&[pipe, map]);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        for fd in 0..3 {
+            libc::dup2(null, fd);
+        }
+        if null > 2 {
+            libc::close(null);
+        }
+    }
+    let mut stopped_since: Option<Instant> = None;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: pipe,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
+        if n > 0 {
+            let mut b = 0u8;
+            // SAFETY: one byte into a valid buffer.
+            let r = unsafe { libc::read(pipe, (&mut b as *mut u8).cast(), 1) };
+            if r == 1 {
+                // SAFETY: exits this process only.
+                unsafe { libc::_exit(0) };
+            }
+            if r == 0 {
+                dead(map);
+            }
+        }
+        // Also a death: a process forked by the tracer (not yet exec'd) may still hold the
+        // pipe's write end, but we are reparented the moment the tracer dies.
+        // SAFETY: no preconditions.
+        if unsafe { libc::getppid() } as u32 != tracer {
+            dead(map);
+        }
+        if matches!(state(tracer), Some('T' | 't')) {
+            let since = *stopped_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= FROZEN_AFTER {
+                continue_stopped(map);
+            }
+        } else {
+            stopped_since = None;
+        }
+    }
+}
+
+/// The tracer is gone: continue stopped traced processes while its programs detach, then exit.
+fn dead(map: i32) -> ! {
+    let end = Instant::now() + AFTER_DEATH;
+    while Instant::now() < end {
+        continue_stopped(map);
+        std::thread::sleep(POLL);
+    }
+    // SAFETY: exits this process only.
+    unsafe { libc::_exit(0) }
+}
+
+/// Closes every descriptor but `keep` (the BPF links among them: they must die with the
+/// tracer).
+unsafe fn close_all_but(keep: &[i32]) {
+    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => (3..4096).collect(),
+    };
+    for fd in fds {
+        if !keep.contains(&fd) {
+            // SAFETY: closing a descriptor of our own (a stale number fails harmlessly).
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The state letter of `/proc/PID/stat`, `None` when the process is gone.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// SIGCONT to every process in the traced map that is stopped.
+fn continue_stopped(map: i32) {
+    for pid in map_keys(map) {
+        if state(pid) == Some('T') {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+    }
+}
+
+/// The keys (pids) of the `TRACED` hash map, through the bpf(2) syscall.
+fn map_keys(map: i32) -> Vec<u32> {
+    #[repr(C)]
+    struct MapElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        next_key: u64,
+        flags: u64,
+    }
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    let mut keys = Vec::new();
+    let mut key: u32 = 0;
+    let mut next: u32 = 0;
+    let mut first = true;
+    while keys.len() < 65536 {
+        let attr = MapElemAttr {
+            map_fd: map as u32,
+            _pad: 0,
+            key: if first { 0 } else { &key as *const u32 as u64 },
+            next_key: &mut next as *mut u32 as u64,
+            flags: 0,
+        };
+        // SAFETY: a valid attr for BPF_MAP_GET_NEXT_KEY; the kernel writes 4 bytes to `next`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_KEY,
+                &attr as *const MapElemAttr,
+                std::mem::size_of::<MapElemAttr>(),
+            )
+        };
+        if r != 0 {
+            break;
+        }
+        keys.push(next);
+        key = next;
+        first = false;
+    }
+    keys
+}
