@@ -230,12 +230,15 @@ fn step(
     // For return addresses look up the call instruction, which may be the last of its
     // function (calls to noreturn functions).
     let probe = if first { pc } else { pc - 1 };
+    // The row of an address is computed once per view (the FDE search and the CFI program
+    // run were most of an unwind's cost).
     if options.use_cfi
-        && let Some(loc) = view.lookup(probe)
-        && let Some(module) = loc.module()
-        && let Ok(obj) = symbolizer.object(module)
-        && let Some(vaddr) = obj.file_offset_to_vaddr(loc.file_offset)
-        && let Some(row) = obj.unwind_row(vaddr, ctx)
+        && let Some(row) = view.caches().row(probe, || {
+            let loc = view.lookup(probe)?;
+            let obj = symbolizer.object(loc.module()?).ok()?;
+            let vaddr = obj.file_offset_to_vaddr(loc.file_offset)?;
+            obj.unwind_row(vaddr, ctx)
+        })
     {
         return cfi_step(&row, regs, stack, options.arch, first);
     }
