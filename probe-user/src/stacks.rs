@@ -62,6 +62,8 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
 struct Job {
     id: u64,
     view: Arc<ProcessView>,
+    /// Tells views apart in the worker's cache of stack texts.
+    view_id: u64,
     sample: StackSample,
     /// The sample was taken at a function's return: its first pc is a return address too.
     at_return: bool,
@@ -74,8 +76,9 @@ pub struct StackResolver {
     jobs: Option<mpsc::Sender<Job>>,
     results: mpsc::Receiver<(u64, Arc<str>)>,
     ready: HashMap<u64, Arc<str>>,
-    views: HashMap<u32, Arc<ProcessView>>,
+    views: HashMap<u32, (u64, Arc<ProcessView>)>,
     next_id: u64,
+    next_view_id: u64,
     worker: Option<thread::JoinHandle<()>>,
 }
 
@@ -88,8 +91,9 @@ impl StackResolver {
             .name("memscope-stacks".into())
             .spawn(move || {
                 let symbolizer = Symbolizer::new();
+                let mut texts = StackTexts::default();
                 for job in jobs_rx {
-                    let text = resolve(&symbolizer, &job, depth);
+                    let text = resolve(&symbolizer, &mut texts, &job, depth);
                     if res_tx.send((job.id, text)).is_err() {
                         break;
                     }
@@ -102,6 +106,7 @@ impl StackResolver {
             ready: HashMap::new(),
             views: HashMap::new(),
             next_id: 0,
+            next_view_id: 0,
             worker: Some(worker),
         }
     }
@@ -115,7 +120,8 @@ impl StackResolver {
     pub fn snapshot(&mut self, pid: u32) {
         if let Ok(v) = ProcessView::from_pid(pid) {
             v.pin_all();
-            self.views.insert(pid, Arc::new(v));
+            self.next_view_id += 1;
+            self.views.insert(pid, (self.next_view_id, Arc::new(v)));
         }
     }
 
@@ -129,8 +135,8 @@ impl StackResolver {
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        let view = match self.views.get(&sample.pid) {
-            Some(v) if v.lookup(sample.ip).is_some() => v.clone(),
+        let (view_id, view) = match self.views.get(&sample.pid) {
+            Some((id, v)) if v.lookup(sample.ip).is_some() => (*id, v.clone()),
             _ => {
                 // Taken now, while the process is alive; files are opened (pinned) so they stay
                 // readable after it exits or deletes them.
@@ -139,14 +145,17 @@ impl StackResolver {
                         .unwrap_or_else(|_| ProcessView::from_maps_text("")),
                 );
                 v.pin_all();
-                self.views.insert(sample.pid, v.clone());
-                v
+                self.next_view_id += 1;
+                self.views
+                    .insert(sample.pid, (self.next_view_id, v.clone()));
+                (self.next_view_id, v)
             }
         };
         if let Some(tx) = &self.jobs {
             let _ = tx.send(Job {
                 id,
                 view,
+                view_id,
                 sample,
                 at_return,
                 python,
@@ -187,7 +196,17 @@ impl Drop for StackResolver {
     }
 }
 
-fn resolve(symbolizer: &Symbolizer, job: &Job, depth: usize) -> Arc<str> {
+/// Texts of the stacks resolved so far, by view and return addresses: a process makes the
+/// same few stacks over and over (a training loop), and each is formatted once.
+#[derive(Default)]
+struct StackTexts {
+    texts: HashMap<(u64, bool, bool, Vec<u64>), Arc<str>>,
+}
+
+/// Distinct stacks kept before the cache is emptied.
+const STACK_TEXTS_LIMIT: usize = 100_000;
+
+fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: usize) -> Arc<str> {
     let s = &job.sample;
     let regs = Regs {
         pc: s.ip,
@@ -216,16 +235,30 @@ fn resolve(symbolizer: &Symbolizer, job: &Job, depth: usize) -> Arc<str> {
             StopReason::Complete
         };
     }
-    let frames: Vec<Frame> = unwound
-        .pcs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, pc)| symbolizer.symbolize(&job.view, *pc, i > 0 || job.at_return))
-        .collect();
-    Arc::from(match &job.python {
-        Some(py) => pystacks::mix(&frames, py, unwound.truncated()),
-        None => format_stack(&frames, unwound.truncated()),
-    })
+    let truncated = unwound.truncated();
+    let symbolize = |pcs: &[u64]| -> Vec<Frame> {
+        pcs.iter()
+            .enumerate()
+            .flat_map(|(i, pc)| {
+                symbolizer
+                    .symbolize_shared(&job.view, *pc, i > 0 || job.at_return)
+                    .to_vec()
+            })
+            .collect()
+    };
+    if let Some(py) = &job.python {
+        return Arc::from(pystacks::mix(&symbolize(&unwound.pcs), py, truncated));
+    }
+    let key = (job.view_id, job.at_return, truncated, unwound.pcs);
+    if let Some(text) = texts.texts.get(&key) {
+        return text.clone();
+    }
+    let text: Arc<str> = Arc::from(format_stack(&symbolize(&key.3), truncated));
+    if texts.texts.len() >= STACK_TEXTS_LIMIT {
+        texts.texts.clear();
+    }
+    texts.texts.insert(key, text.clone());
+    text
 }
 
 #[cfg(test)]

@@ -290,9 +290,39 @@ fn unwind_bench(budget: Duration) {
     };
     let unwind_rate = measure(false);
     let full_rate = measure(true);
+    // What the tracer's stack worker does: unwind, then the text of a stack already seen
+    // (same pcs) is taken from a table; a new one is symbolized (each address once per view)
+    // and formatted once.
+    let mut texts: std::collections::HashMap<Vec<u64>, std::sync::Arc<str>> = Default::default();
+    let t = Instant::now();
+    let mut n = 0u64;
+    while t.elapsed() < budget {
+        for _ in 0..256 {
+            let u = unwind(&c.regs, &snapshot, &view, &sym, &opts);
+            let text = match texts.get(&u.pcs) {
+                Some(t) => t.clone(),
+                None => {
+                    let frames: Vec<_> = u
+                        .pcs
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, &pc)| sym.symbolize_shared(&view, pc, i > 0).to_vec())
+                        .collect();
+                    let t: std::sync::Arc<str> =
+                        memscope_symbols::format_stack(&frames, u.truncated()).into();
+                    texts.insert(u.pcs.clone(), t.clone());
+                    t
+                }
+            };
+            black_box(text);
+        }
+        n += 256;
+    }
+    let dedup_rate = n as f64 / t.elapsed().as_secs_f64();
     println!(
         "RESULT depth={depth} stack_bytes={} stop={:?} outermost={} unwind_stacks_per_s={unwind_rate:.0} \
-         unwind_frames_per_s={:.0} resolve_stacks_per_s={full_rate:.0}",
+         unwind_frames_per_s={:.0} resolve_stacks_per_s={full_rate:.0} \
+         dedup_stacks_per_s={dedup_rate:.0}",
         c.stack.len(),
         first.stop,
         last.replace(' ', "_"),

@@ -3,17 +3,19 @@
 //! when the maps change and symbolize events later.
 
 use std::{
+    collections::HashMap,
     fs::File,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
 };
 
 use anyhow::Result;
 
 use crate::{
     maps::{MapEntry, parse_maps, read_maps},
-    object::ObjectInfo,
+    object::{ObjectInfo, UnwindRow},
+    symbolize::Frame,
 };
 
 /// A file mapped into the process, shared by all its mappings.
@@ -113,6 +115,99 @@ impl ModuleAddress<'_> {
 pub struct ProcessView {
     pid: Option<u32>,
     mappings: Vec<Mapping>,
+    caches: ViewCaches,
+}
+
+/// What is known about addresses of one view (an address space that does not change): the
+/// unwind rule row and the symbolized frames of each code address, computed once. A stream of
+/// stacks from one process visits the same few hundred addresses over and over.
+#[derive(Debug, Default)]
+pub(crate) struct ViewCaches {
+    rows: Mutex<HashMap<u64, Option<Arc<UnwindRow>>, AddrHash>>,
+    frames: Mutex<FramesByAddress>,
+}
+
+/// (address, is a return address) -> its symbolized frames.
+type FramesByAddress = HashMap<(u64, bool), Arc<[Frame]>, AddrHash>;
+
+/// Hashing for keys that are code addresses (ours, not an attacker's): one multiply per word
+/// instead of SipHash, which was a visible part of a cached unwind step.
+type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
+
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64);
+    }
+}
+
+/// Entries a cache may hold before it is emptied (a process with that much distinct code).
+const CACHE_LIMIT: usize = 1 << 20;
+
+impl Clone for ViewCaches {
+    /// A clone starts empty (the caches are a speed-up, never state).
+    fn clone(&self) -> Self {
+        ViewCaches::default()
+    }
+}
+
+impl ViewCaches {
+    pub(crate) fn row(
+        &self,
+        addr: u64,
+        compute: impl FnOnce() -> Option<UnwindRow>,
+    ) -> Option<Arc<UnwindRow>> {
+        if let Some(r) = self
+            .rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&addr)
+        {
+            return r.clone();
+        }
+        let row = compute().map(Arc::new);
+        let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        if rows.len() >= CACHE_LIMIT {
+            rows.clear();
+        }
+        rows.insert(addr, row.clone());
+        row
+    }
+
+    pub(crate) fn frames(
+        &self,
+        key: (u64, bool),
+        compute: impl FnOnce() -> Vec<Frame>,
+    ) -> Arc<[Frame]> {
+        if let Some(f) = self
+            .frames
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return f.clone();
+        }
+        let frames: Arc<[Frame]> = compute().into();
+        let mut all = self.frames.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= CACHE_LIMIT {
+            all.clear();
+        }
+        all.insert(key, frames.clone());
+        frames
+    }
 }
 
 impl ProcessView {
@@ -152,6 +247,7 @@ impl ProcessView {
         };
         ProcessView {
             pid: None,
+            caches: ViewCaches::default(),
             mappings: vec![Mapping {
                 start,
                 end,
@@ -197,7 +293,15 @@ impl ProcessView {
             });
         }
         mappings.sort_by_key(|m| m.start);
-        ProcessView { pid, mappings }
+        ProcessView {
+            pid,
+            mappings,
+            caches: ViewCaches::default(),
+        }
+    }
+
+    pub(crate) fn caches(&self) -> &ViewCaches {
+        &self.caches
     }
 
     pub fn pid(&self) -> Option<u32> {

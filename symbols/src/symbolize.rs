@@ -220,8 +220,22 @@ impl Symbolizer {
     pub fn symbolize_stack(&self, view: &ProcessView, pcs: &[u64]) -> Vec<Frame> {
         pcs.iter()
             .enumerate()
-            .flat_map(|(i, &pc)| self.symbolize(view, pc, i > 0))
+            .flat_map(|(i, &pc)| self.symbolize_shared(view, pc, i > 0).to_vec())
             .collect()
+    }
+
+    /// [`symbolize`](Self::symbolize), computed once per address of a view and shared: the
+    /// stacks of one process visit the same addresses over and over. Use one symbolizer per
+    /// view (the view keeps the result, whatever symbolizer computed it).
+    pub fn symbolize_shared(
+        &self,
+        view: &ProcessView,
+        address: u64,
+        return_address: bool,
+    ) -> Arc<[Frame]> {
+        view.caches().frames((address, return_address), || {
+            self.symbolize(view, address, return_address)
+        })
     }
 }
 

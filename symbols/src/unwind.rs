@@ -123,16 +123,38 @@ impl Unwound {
     }
 }
 
+/// Register values and which of them are known (a bit each): half the bytes of an
+/// `[Option<u64>; NREGS]`, and it is copied a few times per frame.
 #[derive(Clone, Copy)]
-struct RegFile([Option<u64>; NREGS]);
+struct RegFile {
+    values: [u64; NREGS],
+    known: u64,
+}
+
+const _: () = assert!(NREGS <= 64);
 
 impl RegFile {
+    fn empty() -> Self {
+        RegFile {
+            values: [0; NREGS],
+            known: 0,
+        }
+    }
     fn get(&self, r: u16) -> Option<u64> {
-        self.0.get(usize::from(r)).copied().flatten()
+        let r = usize::from(r);
+        (r < NREGS && self.known & (1 << r) != 0).then(|| self.values[r])
     }
     fn set(&mut self, r: u16, v: Option<u64>) {
-        if let Some(slot) = self.0.get_mut(usize::from(r)) {
-            *slot = v;
+        let r = usize::from(r);
+        if r >= NREGS {
+            return;
+        }
+        match v {
+            Some(v) => {
+                self.values[r] = v;
+                self.known |= 1 << r;
+            }
+            None => self.known &= !(1 << r),
         }
     }
 }
@@ -156,7 +178,7 @@ pub fn unwind(
 ) -> Unwound {
     let arch = options.arch;
     let (sp_reg, fp_reg) = arch.sp_fp();
-    let mut file = RegFile([None; NREGS]);
+    let mut file = RegFile::empty();
     file.set(sp_reg, Some(regs.sp));
     file.set(fp_reg, Some(regs.fp));
     if let Some(lr) = arch.link_register() {
@@ -230,12 +252,15 @@ fn step(
     // For return addresses look up the call instruction, which may be the last of its
     // function (calls to noreturn functions).
     let probe = if first { pc } else { pc - 1 };
+    // The row of an address is computed once per view (the FDE search and the CFI program
+    // run were most of an unwind's cost).
     if options.use_cfi
-        && let Some(loc) = view.lookup(probe)
-        && let Some(module) = loc.module()
-        && let Ok(obj) = symbolizer.object(module)
-        && let Some(vaddr) = obj.file_offset_to_vaddr(loc.file_offset)
-        && let Some(row) = obj.unwind_row(vaddr, ctx)
+        && let Some(row) = view.caches().row(probe, || {
+            let loc = view.lookup(probe)?;
+            let obj = symbolizer.object(loc.module()?).ok()?;
+            let vaddr = obj.file_offset_to_vaddr(loc.file_offset)?;
+            obj.unwind_row(vaddr, ctx)
+        })
     {
         return cfi_step(&row, regs, stack, options.arch, first);
     }
