@@ -220,8 +220,12 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms, w_report, w_harm) =
-        (want("stacks"), want("symbols"), want("report"), want("harm"));
+    let (w_stacks, w_syms, w_report, w_harm) = (
+        want("stacks"),
+        want("symbols"),
+        want("report"),
+        want("harm"),
+    );
     if w_insn {
         b.insn()?;
     }
