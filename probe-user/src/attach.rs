@@ -633,7 +633,7 @@ impl Planner {
         identity: FileIdentity,
     ) -> Option<&'static str> {
         if !self.torch_npu_sites.contains_key(&identity) {
-            let site = torch_npu::locate(host).map_err(|e| format!("{e:#}"));
+            let site = torch_npu::locate_cached(host, identity).map_err(|e| format!("{e:#}"));
             match &site {
                 Ok(s) => self.debug.push(format!(
                     "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",

@@ -239,6 +239,97 @@ fn layout_at(window: &[Instruction], (base, disp): (Register, i64)) -> Result<Us
     }
 }
 
+/// [`locate`], remembered across runs: the analysis reads the whole library (~60 MB, a second
+/// or more), which would otherwise be paid at every attach while the target waits. The cache
+/// (`$MEMSCOPE_BPF_CACHE` or `~/.cache/memscope-bpf`, `torch_npu_sites`) holds one line per
+/// file identity (device, inode, size, mtime); it is used only when we own it and nobody else
+/// can write it (a wrong offset must not be planted by another user), and any line it cannot
+/// parse is ignored.
+pub fn locate_cached(path: &Path, identity: (u64, u64, u64, i64)) -> Result<ReportSite> {
+    let key = format!(
+        "{} {} {} {}",
+        identity.0, identity.1, identity.2, identity.3
+    );
+    let cache = cache_file();
+    if let Some(site) = cache.as_deref().and_then(|c| cached(c, &key)) {
+        return Ok(ReportSite {
+            version: wheel_version(path),
+            ..site
+        });
+    }
+    let site = locate(path)?;
+    if let Some(c) = cache {
+        remember(&c, &key, &site);
+    }
+    Ok(site)
+}
+
+fn cache_file() -> Option<PathBuf> {
+    let dir = match std::env::var_os("MEMSCOPE_BPF_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/memscope-bpf"),
+    };
+    Some(dir.join("torch_npu_sites"))
+}
+
+/// The cache file and its directory are ours, no symlinks, writable by nobody else.
+fn trusted(cache: &Path) -> bool {
+    private(cache) && cache.parent().is_some_and(private)
+}
+
+fn private(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| !m.file_type().is_symlink() && m.uid() == me && m.mode() & 0o022 == 0)
+}
+
+fn cached(cache: &Path, key: &str) -> Option<ReportSite> {
+    if !trusted(cache) {
+        return None;
+    }
+    let text = std::fs::read_to_string(cache).ok()?;
+    text.lines().rev().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(' ')?;
+        let mut f = rest.split(' ');
+        let file_offset = u64::from_str_radix(f.next()?.strip_prefix("0x")?, 16).ok()?;
+        let layout = match f.next()? {
+            "original" => UsageLayout::Original,
+            "with_component" => UsageLayout::WithComponent,
+            _ => return None,
+        };
+        let callers = f.next()?.parse().ok()?;
+        Some(ReportSite {
+            file_offset,
+            layout,
+            callers,
+            version: None,
+        })
+    })
+}
+
+fn remember(cache: &Path, key: &str, site: &ReportSite) {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let Some(dir) = cache.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() || !private(dir) {
+        return;
+    }
+    let layout = match site.layout {
+        UsageLayout::Original => "original",
+        UsageLayout::WithComponent => "with_component",
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(cache)
+    {
+        let _ = writeln!(f, "{key} {:#x} {layout} {}", site.file_offset, site.callers);
+    }
+}
+
 /// `__version__` from `torch_npu/version.py` (the library sits in `torch_npu/lib/`).
 fn wheel_version(library: &Path) -> Option<String> {
     let file: PathBuf = library.parent()?.parent()?.join("version.py");
@@ -352,6 +443,42 @@ mod tests {
             b[at..at + 8].copy_from_slice(&v.to_le_bytes());
         }
         b
+    }
+
+    #[test]
+    fn located_sites_are_remembered_in_a_private_cache() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("memscope-sites-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let cache = dir.join("torch_npu_sites");
+        let site = ReportSite {
+            file_offset: 0x32f42a0,
+            layout: UsageLayout::WithComponent,
+            callers: 8,
+            version: None,
+        };
+        assert_eq!(cached(&cache, "1 2 3 4"), None);
+        remember(&cache, "1 2 3 4", &site);
+        remember(
+            &cache,
+            "1 2 3 5",
+            &ReportSite {
+                layout: UsageLayout::Original,
+                ..site.clone()
+            },
+        );
+        assert_eq!(cached(&cache, "1 2 3 4"), Some(site.clone()));
+        assert_eq!(
+            cached(&cache, "1 2 3 5").unwrap().layout,
+            UsageLayout::Original
+        );
+        assert_eq!(cached(&cache, "1 2 3"), None, "a key is whole words");
+        // Writable by others: not trusted, not read.
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o622)).unwrap();
+        assert_eq!(cached(&cache, "1 2 3 4"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
