@@ -481,9 +481,14 @@ impl Background {
     /// was still there after 240 s.
     pub fn run_target_frozen(&mut self, pid: u32, go: &Path) -> Option<char> {
         use std::time::{Duration, Instant};
-        // The target waits for the file, running (not held at its exec stop any more).
+        // The target waits for the file, running (not held at its exec stop any more). Before
+        // its exec the launched child also sleeps, on the tracer's start gate: freezing the
+        // tracer then would leave it there, so wait for the program itself.
+        let tracer_exe = fs::canonicalize(TRACER).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while process_state(pid) != Some('S') {
+        while process_state(pid) != Some('S')
+            || fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == tracer_exe)
+        {
             assert!(
                 Instant::now() < deadline,
                 "target never started: {:?}",
