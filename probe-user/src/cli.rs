@@ -441,6 +441,8 @@ USAGE:
     {PROGRAM_NAME} --pid <PID> [OPTIONS]                attach to a running process
     {PROGRAM_NAME} --compare --input-path <A>,<B>       compare two dump files
     {PROGRAM_NAME} analyze --input-path <DUMP> [-o DIR] leak analysis of a saved dump
+    {PROGRAM_NAME} agent [OPTIONS]                      node agent for Prometheus and pprof
+                                                       ('{PROGRAM_NAME} agent --help')
 
     Everything from the first argument that is not an option belongs to PROGRAM:
     `{PROGRAM_NAME} --level=op bash run.sh --level=kernel` passes --level=kernel to run.sh.
