@@ -18,6 +18,8 @@
 //!   8 KiB stack copy for CFI unwinding), on the tight loop; with the events lost.
 //! * `symbols`: `symbols/examples/symbolize_bench.rs`: warm symbolization rate (addresses/s),
 //!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
+//! * `agent`: the node agent's overhead on the HAL loop and its CPU use at a given event rate
+//!   (`bench/agent.rs`).
 //! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
 //!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
 //!
@@ -37,7 +39,9 @@ use anyhow::{Context, Result, bail};
 use crate::{cmd, setup};
 
 const TAG: &str = "[bench]";
-const SECTIONS: [&str; 7] = [
+mod agent;
+
+const SECTIONS: [&str; 8] = [
     "insn",
     "overhead",
     "stacks",
@@ -45,6 +49,7 @@ const SECTIONS: [&str; 7] = [
     "loss",
     "symbols",
     "replay",
+    "agent",
 ];
 
 #[derive(Clone, Debug)]
@@ -203,7 +208,7 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms) = (want("stacks"), want("symbols"));
+    let (w_stacks, w_syms, w_agent) = (want("stacks"), want("symbols"), want("agent"));
     if w_insn {
         b.insn()?;
     }
@@ -224,6 +229,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_replay {
         b.replay(&target)?;
+    }
+    if w_agent {
+        b.agent()?;
     }
     b.write(started.elapsed().as_secs_f64())?;
     Ok(0)

@@ -196,6 +196,11 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
             .with_context(|| format!("cannot write the heap profile {}", path.display()))?;
         log::info(&format!("heap profile written to {}", path.display()));
     }
-    result.bpf.detach_in_background();
+    // As for a single run (main.rs): benchmarks need the probes gone when the agent exits.
+    if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
+        drop(result.bpf);
+    } else {
+        result.bpf.detach_in_background();
+    }
     Ok(())
 }

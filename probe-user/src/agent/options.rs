@@ -31,7 +31,7 @@ OPTIONS:
                              [default: 300]; at most --max-exited of them are kept [default: 256]
     --heap-profile-out FILE  On shutdown, write the node's heap profile (gzipped profile.proto,
                              the same as /debug/pprof/heap) to FILE
-    --ring-buffer-mib N      BPF ring buffer size in MiB, a power of two [default: 16]
+    --ring-buffer-mib N      BPF ring buffer size in MiB, a power of two [default: 64]
     --log-level LEVEL        error, warn, info or debug [default: info]
     -h, --help               Print this help
 
@@ -76,7 +76,7 @@ impl Default for AgentOptions {
             keep_exited: Duration::from_secs(300),
             max_exited: 256,
             heap_profile_out: None,
-            ring_buffer_mib: 16,
+            ring_buffer_mib: 64,
             log_level: LogLevel::Info,
         }
     }
