@@ -616,3 +616,43 @@ fn prometheus_scrapes_the_agent_and_promql_returns_the_live_bytes() {
     let _ = prom.wait();
     agent.stop();
 }
+
+#[test]
+fn agent_usage_errors_and_help() {
+    let out = run_tracer(&["agent", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--listen",
+        "--sample-bytes",
+        "/metrics",
+        "/debug/pprof/heap",
+        "SIGTERM",
+    ] {
+        assert!(help.contains(needle), "help lacks {needle}:\n{help}");
+    }
+    for (args, needle) in [
+        (&["agent", "--listen", "localhost"][..], "expected IP:PORT"),
+        (&["agent", "--bogus"][..], "unknown agent option '--bogus'"),
+        (&["agent", "--pid", "1"][..], "unknown agent option '--pid'"),
+        (
+            &["agent", "--lib", "/nonexistent/libascend_hal.so"][..],
+            "not a file",
+        ),
+    ] {
+        let out = run_tracer(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    // A port already taken: the agent says so before loading anything, exit 1.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run_tracer(&["agent", "--listen", &addr]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+}
