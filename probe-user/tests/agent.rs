@@ -101,8 +101,39 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
 }
 
 struct Agent {
-    bg: Background,
+    /// None once stopped.
+    bg: Option<Background>,
     addr: String,
+}
+
+/// A system-wide tracer must not outlive a failed test.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(bg) = self.bg.take() {
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
+            let _ = bg.finish();
+        }
+    }
+}
+
+/// Kills a helper process (Prometheus) however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Lets a gated workload go however the test ends (it polls for the file).
+struct GoOnDrop(PathBuf);
+
+impl Drop for GoOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, b"");
+    }
 }
 
 impl Agent {
@@ -128,7 +159,7 @@ impl Agent {
         ];
         args.extend_from_slice(extra);
         let bg = Background::spawn(&args);
-        let agent = Agent { bg, addr };
+        let agent = Agent { bg: Some(bg), addr };
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Some((200, _)) = get(&agent.addr, "/ready") {
@@ -167,10 +198,11 @@ impl Agent {
         }
     }
 
-    fn stop(self) -> String {
+    fn stop(mut self) -> String {
+        let bg = self.bg.take().expect("running");
         // SAFETY: plain kill(2) on our child.
-        unsafe { libc::kill(self.bg.child.id() as i32, libc::SIGTERM) };
-        let (code, stderr) = self.bg.finish();
+        unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
+        let (code, stderr) = bg.finish();
         assert_eq!(code, Some(0), "agent exit status; stderr:\n{stderr}");
         stderr
     }
@@ -392,6 +424,7 @@ fn pprof_top(profile: &Path, extra: &[&str]) -> Vec<(u64, u64, String)> {
 fn run_gated(agent: &Agent, name: &str, args: &[&str], log: &Path) -> u32 {
     use std::io::BufRead;
     let go = log.with_extension("go");
+    let release = GoOnDrop(go.clone());
     let mut child = Command::new(bin(name))
         .args(args)
         .args(["--pre-allocs", "1", "--wait-file"])
@@ -415,7 +448,7 @@ fn run_gated(agent: &Agent, name: &str, args: &[&str], log: &Path) -> u32 {
         assert!(Instant::now() < deadline, "the agent never picked up {pid}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::fs::write(&go, b"").unwrap();
+    drop(release);
     assert!(child.wait().unwrap().success(), "{name} failed");
     pid
 }
@@ -549,18 +582,22 @@ fn prometheus_scrapes_the_agent_and_promql_returns_the_live_bytes() {
         ),
     )
     .unwrap();
-    let mut prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address={prom_addr}"))
-        .arg("--log.level=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus (Debian package prometheus; `cargo xtask setup` installs it)");
+    let _prom = KillOnDrop(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "start prometheus (Debian package prometheus; `cargo xtask setup` installs it)",
+            ),
+    );
     let w = run_workloads(&dir);
     agent.wait_exited(&[w.leaky.0, w.pool.0]);
 
@@ -612,8 +649,6 @@ fn prometheus_scrapes_the_agent_and_promql_returns_the_live_bytes() {
     let pids: Vec<&str> = flagged.iter().map(|(l, _)| l["pid"].as_str()).collect();
     assert!(pids.contains(&w.leaky.0.to_string().as_str()), "{pids:?}");
     assert!(!pids.contains(&w.pool.0.to_string().as_str()), "{pids:?}");
-    let _ = prom.kill();
-    let _ = prom.wait();
     agent.stop();
 }
 
