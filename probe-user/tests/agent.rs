@@ -691,3 +691,30 @@ fn agent_usage_errors_and_help() {
         "{stderr}"
     );
 }
+
+/// The agent traces every process on the host but never signals one: a process someone else
+/// stopped stays stopped across the agent's start and SIGTERM.
+#[test]
+fn agent_leaves_a_stopped_process_stopped() {
+    if !require_root("agent_leaves_a_stopped_process_stopped") {
+        return;
+    }
+    let _g = serial();
+    let sleeper = KillOnDrop(Command::new("sleep").arg("120").spawn().unwrap());
+    let pid = sleeper.0.id();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process_state(pid) != Some('T') {
+        assert!(Instant::now() < deadline, "sleep never stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let agent = Agent::start(&[]);
+    assert_eq!(process_state(pid), Some('T'));
+    agent.stop();
+    assert_eq!(
+        process_state(pid),
+        Some('T'),
+        "the agent resumed a process it did not stop"
+    );
+}
