@@ -139,24 +139,19 @@ impl Drop for GoOnDrop {
 impl Agent {
     fn start(extra: &[&str]) -> Agent {
         let lib = fixtures().join("lib");
-        let addr = format!("127.0.0.1:{}", free_port());
         let libs: Vec<String> = ["libascend_hal.so", "libms_tools_ext.so", "libascendcl.so"]
             .iter()
             .map(|l| lib.join(l).display().to_string())
             .collect();
-        let mut args = vec![
-            "agent",
-            "--listen",
-            &addr,
-            "--snapshot-ms",
-            "200",
-            "--lib",
-            &libs[0],
-            "--lib",
-            &libs[1],
-            "--lib",
-            &libs[2],
-        ];
+        let mut args = vec!["--lib", &libs[0], "--lib", &libs[1], "--lib", &libs[2]];
+        args.extend_from_slice(extra);
+        Agent::start_without_libs(&args)
+    }
+
+    /// An agent that finds the libraries in the processes' maps and opens.
+    fn start_without_libs(extra: &[&str]) -> Agent {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec!["agent", "--listen", &addr, "--snapshot-ms", "200"];
         args.extend_from_slice(extra);
         let bg = Background::spawn(&args);
         let agent = Agent { bg: Some(bg), addr };
@@ -717,4 +712,57 @@ fn agent_leaves_a_stopped_process_stopped() {
         Some('T'),
         "the agent resumed a process it did not stop"
     );
+}
+
+/// A job already running when the agent starts is found through its mappings (no `--lib`):
+/// what it does from then on is counted.
+#[test]
+fn agent_picks_up_a_job_that_was_running_before_it() {
+    if !require_root("agent_picks_up_a_job_that_was_running_before_it") {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-existing");
+    let log = dir.join("existing.log");
+    let go = dir.join("go");
+    let release = GoOnDrop(go.clone());
+    let mut child = Command::new(bin("workload"))
+        .args([
+            "--devices",
+            "2",
+            "--threads",
+            "2",
+            "--steps",
+            "4",
+            "--allocs",
+            "2",
+        ])
+        .args(["--leaks", "1", "--pre-allocs", "1", "--wait-file"])
+        .arg(&go)
+        .arg("--log")
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid: u32 = line.trim().strip_prefix("PID ").unwrap().parse().unwrap();
+    let agent = Agent::start_without_libs(&[]);
+    drop(release);
+    assert!(child.wait().unwrap().success());
+    let m = agent.wait_exited(&[pid]);
+    // The block allocated before the agent started was freed after: that free matches nothing.
+    let want = live_at_end(&log);
+    assert_eq!(
+        want.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(),
+        ["0", "1"]
+    );
+    assert_eq!(live_metrics(&m, pid), want);
+    assert_eq!(metric(&m, "memscope_leak_suspected", pid), 1.0);
+    let stderr = agent.stop();
+    assert!(stderr.contains("libascend_hal.so"), "{stderr}");
 }
