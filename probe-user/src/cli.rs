@@ -460,6 +460,8 @@ USAGE:
     {PROGRAM_NAME} --compare --input-path <A>,<B>       compare two dump files
     {PROGRAM_NAME} analyze --input-path <DUMP> [-o DIR] leak analysis of a saved dump
     {PROGRAM_NAME} report --input-path <RUN> [-o FILE]  HTML report (and Perfetto trace) of a run
+    {PROGRAM_NAME} agent [OPTIONS]                      node agent for Prometheus and pprof
+                                                       ('{PROGRAM_NAME} agent --help')
 
     Everything from the first argument that is not an option belongs to PROGRAM:
     `{PROGRAM_NAME} --level=op bash run.sh --level=kernel` passes --level=kernel to run.sh.

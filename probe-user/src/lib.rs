@@ -7,6 +7,7 @@
 //! `--compare` and `analyze`; `report` draws them (HTML, Perfetto, flame graphs).
 
 pub mod aclnn;
+pub mod agent;
 pub mod analysis;
 pub mod atb;
 pub mod attach;

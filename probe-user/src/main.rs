@@ -22,7 +22,11 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
-    let opts = match cli::parse_from(std::env::args_os()) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "agent") {
+        return memscope_bpf::agent::main(&argv[2..]);
+    }
+    let opts = match cli::parse_from(argv) {
         Ok(o) => o,
         Err(e) if e.exit_code == 0 => {
             println!("{}", e.message);
@@ -270,6 +274,7 @@ fn run(opts: Options) -> Result<u8> {
         rotate: opts
             .max_file_mib
             .map(|m| (u64::from(m) << 20, opts.max_files)),
+        observer: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -64,6 +64,25 @@ pub struct SessionConfig {
     pub mixed: bool,
     /// `--max-file-mib` (in bytes) and `--max-files`: rotating CSV dumps.
     pub rotate: Option<(u64, Option<u32>)>,
+    /// The node agent (`agent/`): sees every process's state instead of files being written,
+    /// runs until a signal, and lets exited processes go.
+    pub observer: Option<Box<dyn Observer>>,
+}
+
+/// What a long-running consumer of the tracked state (the node agent) hooks into the session.
+/// With an observer no files are written and the session ends only on a signal.
+pub trait Observer {
+    /// A call of process `pid` arrived (before the reorder window): the process may still be
+    /// there to look at.
+    fn received(&mut self, pid: u32);
+    /// Whether to resolve the C stack of this call (sampling); unresolved calls carry none.
+    fn wants_stack(&mut self, call: &CallEvent) -> bool;
+    /// The rows one call produced in process `state.pid` (not written anywhere else).
+    fn applied(&mut self, state: &ProcessState, rows: &[Row]);
+    /// Every tick, with the state of every live process and the session's event counts.
+    fn tick(&mut self, states: &mut dyn Iterator<Item = &ProcessState>, events: u64, lost: u64);
+    /// The process exited (or the session ends); its state is dropped after this.
+    fn finished(&mut self, state: &ProcessState);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,9 +232,19 @@ impl Session {
                     self.drain(ring.get_mut())?;
                     self.release(false)?;
                     self.housekeeping();
+                    if let Some(obs) = &mut self.cfg.observer {
+                        let mut live = self.procs.values().filter(|t| !t.finished).map(|t| &t.state);
+                        obs.tick(&mut live, self.events, self.reported.lost_events());
+                    }
                     if last_rescan.elapsed() >= MAPS_RESCAN {
                         last_rescan = Instant::now();
-                        for pid in self.bpf.traced_processes() {
+                        // The agent traces every process: rescan only those using the libraries.
+                        let pids = if self.cfg.observer.is_some() {
+                            self.procs.keys().copied().collect()
+                        } else {
+                            self.bpf.traced_processes()
+                        };
+                        for pid in pids {
                             self.planner.scan_maps(&mut self.bpf, pid, &mut Vec::new())?;
                             self.configure_python(pid, true);
                         }
@@ -230,7 +259,7 @@ impl Session {
                             self.reported.lost_events()
                         ));
                     }
-                    if self.tree_gone() {
+                    if self.cfg.observer.is_none() && self.tree_gone() {
                         break EndReason::TargetExited;
                     }
                 }
@@ -462,6 +491,9 @@ impl Session {
                         *name = self.kernel_names.name(*pid, *kernel);
                     }
                     self.seq += 1;
+                    if let (Some(obs), Decoded::Call(c)) = (&mut self.cfg.observer, &ev) {
+                        obs.received(c.pid);
+                    }
                     let stack = self.stack_job(&ev);
                     let py_stack = self.python_stack_of(&ev);
                     self.reorder.push(Reverse(Pending {
@@ -515,6 +547,12 @@ impl Session {
     fn stack_job(&mut self, ev: &Decoded) -> Option<(u64, Option<Arc<str>>)> {
         let Decoded::Call(call) = ev else { return None };
         let resolver = self.stacks.as_mut()?;
+        if let Some(obs) = &mut self.cfg.observer
+            && !obs.wants_stack(call)
+        {
+            self.pending_stacks.remove(&call.tid);
+            return None;
+        }
         // The chunks of one batch share the sample sent before the first of them.
         let batch = matches!(
             call.call,
@@ -563,7 +601,8 @@ impl Session {
                     let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
                     let mut rows = std::mem::take(&mut self.rows);
-                    let traced = self.traced(call.pid);
+                    self.traced(call.pid);
+                    let traced = self.procs.get_mut(&call.pid).expect("just made");
                     traced.state.set_python_stack(py_stack);
                     traced
                         .state
@@ -571,9 +610,13 @@ impl Session {
                     for m in traced.state.messages.drain(..) {
                         log::debug(&m);
                     }
-                    for row in &rows {
-                        if let Err(e) = traced.out.write_ref(row) {
-                            log::error(&format!("{e:#}"));
+                    if let Some(obs) = &mut self.cfg.observer {
+                        obs.applied(&traced.state, &rows);
+                    } else {
+                        for row in &rows {
+                            if let Err(e) = traced.out.write_ref(row) {
+                                log::error(&format!("{e:#}"));
+                            }
                         }
                     }
                     rows.clear();
@@ -618,6 +661,13 @@ impl Session {
             return;
         }
         t.finished = true;
+        if let Some(obs) = &mut self.cfg.observer {
+            // Memory stays bounded whatever the churn: the observer keeps a summary.
+            obs.finished(&t.state);
+            self.procs.remove(&pid);
+            self.order.retain(|p| *p != pid);
+            return;
+        }
         for row in t.state.finish_atb(&self.cfg.track) {
             if let Err(e) = t.out.write(row) {
                 log::error(&format!("{e:#}"));

@@ -264,6 +264,21 @@ impl ProcessState {
         v
     }
 
+    /// Visits every live block: driver blocks, memory handles and pool regions (the node
+    /// agent's snapshots; no copies).
+    pub fn for_each_live_block(&self, mut f: impl FnMut(&Block)) {
+        self.live
+            .values()
+            .chain(self.live_handles.values())
+            .chain(self.pool_blocks.values())
+            .for_each(&mut f);
+    }
+
+    /// The current mstx step (0 before the first `"step start"` range).
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+
     fn wants_device(&self, opts: &TrackOptions, device: u32) -> bool {
         if device == DEVICE_CPU {
             opts.devices.wants_cpu()

@@ -18,6 +18,8 @@
 //!   8 KiB stack copy for CFI unwinding), on the tight loop; with the events lost.
 //! * `symbols`: `symbols/examples/symbolize_bench.rs`: warm symbolization rate (addresses/s),
 //!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
+//! * `agent`: the node agent's overhead on the HAL loop and its CPU use at a given event rate
+//!   (`bench/agent.rs`).
 //! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
 //!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
 //! * `report`: the HTML report of a 10 M-event dump (written by the replay example): time to
@@ -47,10 +49,12 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cmd, setup};
 
+mod agent;
 mod harm;
 
 const TAG: &str = "[bench]";
-const SECTIONS: [&str; 9] = [
+
+const SECTIONS: [&str; 10] = [
     "harm",
     "insn",
     "overhead",
@@ -60,6 +64,7 @@ const SECTIONS: [&str; 9] = [
     "symbols",
     "replay",
     "report",
+    "agent",
 ];
 
 #[derive(Clone, Debug)]
@@ -220,11 +225,12 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms, w_report, w_harm) = (
+    let (w_stacks, w_syms, w_report, w_harm, w_agent) = (
         want("stacks"),
         want("symbols"),
         want("report"),
         want("harm"),
+        want("agent"),
     );
     if w_insn {
         b.insn()?;
@@ -252,6 +258,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_harm {
         b.harm(&target)?;
+    }
+    if w_agent {
+        b.agent()?;
     }
     b.write(started.elapsed().as_secs_f64())?;
     Ok(0)

@@ -53,6 +53,7 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
     })?;
     step("host tools", host_tools)?;
     step("chromium", chromium)?;
+    step("agent test tools", agent_tools)?;
     step("C fixtures", || fixtures(repo))?;
     if crate::torch_bed::enabled() {
         step("torch test bed", || crate::torch_bed::prepare(repo))?;
@@ -427,6 +428,50 @@ fn py_spy() -> Result<String> {
     let v = cmd::probe(Command::new("py-spy").arg("--version"))
         .context("pip installed py-spy, but it is not on PATH")?;
     Ok(format!("{} installed", v.trim()))
+}
+
+/// What the node agent's tests read its endpoints with: a real Prometheus server (scrapes
+/// /metrics, answers PromQL) and `go tool pprof` (reads /debug/pprof/heap).
+const AGENT_TOOLS: [(&str, &str); 2] = [("prometheus", "prometheus"), ("go", "golang-go")];
+
+fn agent_tools() -> Result<String> {
+    let missing: Vec<&str> = AGENT_TOOLS
+        .iter()
+        .filter(|(tool, _)| which(tool).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok("prometheus, go: already installed".to_owned());
+    }
+    if crate::effective_uid() != Some(0) {
+        bail!(
+            "missing {}: install them (apt-get install {}) or run setup as root",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    println!(
+        "{TAG} agent test tools: installing {} ...",
+        missing.join(", ")
+    );
+    cmd::stream(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .or_else(|_| {
+        // A fresh machine may have no package lists yet.
+        cmd::stream(Command::new("apt-get").arg("update"))?;
+        cmd::stream(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    })
+    .with_context(|| format!("could not install {}", missing.join(" ")))?;
+    Ok(format!("installed {} now", missing.join(", ")))
 }
 
 fn fixtures(repo: &Path) -> Result<String> {

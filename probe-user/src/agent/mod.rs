@@ -1,0 +1,209 @@
+//! `memscope-bpf agent`: the always-on node agent.
+//!
+//! One agent per node traces every process that maps the Ascend libraries, those running when
+//! it starts and those started later, and serves what it knows over HTTP:
+//!
+//! * discovery: every process on the host joins the BPF traced set (existing ones now, new
+//!   ones through the fork tracepoint), so exec and shared-object opens of every process reach
+//!   the planner, and the probes are system-wide (`Scope::AllProcesses`): a library gets its
+//!   uprobes once, by inode, and fires in every process that maps it. A process is *picked
+//!   up* at its first call into a probed library; processes that never call one cost an
+//!   uprobe-free exec/open event and nothing else.
+//! * state: the session (`session.rs`) and the per-process tracker (`tracker.rs`) do the work
+//!   as for a single run; the agent is a session [`Observer`](crate::session::Observer)
+//!   (`state.rs`) that writes no files and keeps a bounded summary per process.
+//! * sampling (`sampling.rs`): stacks are resolved for a byte-weighted Poisson sample of
+//!   allocations; counters are exact.
+//! * endpoints (`http.rs`): `/metrics` (`metrics.rs`, OpenMetrics text via prometheus-client),
+//!   `/ready`, `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
+//!
+//! The agent never stops or signals a traced process (`stop_on_discovery` stays off).
+
+pub mod http;
+pub mod metrics;
+pub mod options;
+pub mod pprof;
+pub mod sampling;
+pub mod state;
+
+use std::{ffi::OsString, process::ExitCode, sync::Arc};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    attach::Planner,
+    bpf::{self, Scope},
+    cli::{DeviceFilter, EventSet},
+    log,
+    session::{Session, SessionConfig},
+    tracefs,
+    tracker::{StepFilter, TrackOptions},
+};
+
+use options::AgentOptions;
+use state::{AgentObserver, Shared};
+
+/// Entry point for `memscope-bpf agent ARGS...`.
+pub fn main(args: &[OsString]) -> ExitCode {
+    let opts = match options::parse(args) {
+        Ok(o) => o,
+        Err(e) if e.exit_code == 0 => {
+            println!("{}", e.message);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("memscope-bpf: {}", e.message);
+            return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
+        }
+    };
+    log::set_level(opts.log_level);
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memscope-bpf: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Every process id in /proc.
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn run(opts: &AgentOptions) -> Result<()> {
+    // Bind first: a busy or bad address is the most likely mistake and costs nothing to find.
+    let listener = std::net::TcpListener::bind(opts.listen)
+        .with_context(|| format!("cannot listen on {}", opts.listen))?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the agent needs root (CAP_BPF and CAP_PERFMON) to load BPF programs");
+    }
+    let shared = Arc::new(Shared::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = http::serve(listener, shared.clone(), opts.sample_bytes, stop_rx);
+    log::info(&format!(
+        "serving /metrics, /ready and /debug/pprof/heap on http://{}",
+        opts.listen
+    ));
+
+    let result = trace(opts, &shared);
+    let _ = stop_tx.send(true);
+    let _ = server.join();
+    result
+}
+
+fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
+    let tracefs = tracefs::ensure_mounted()?;
+    let mut offsets = tracefs::read_offsets(tracefs)?;
+    // Never hold a process: the agent watches jobs it did not start.
+    offsets.stop_on_discovery = 0;
+    let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
+    offsets.capture_stacks = if stack_depth.is_some() { 2 } else { 0 };
+    let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
+    let mut planner = Planner::new(opts.libs.clone());
+    planner.scope = Scope::AllProcesses;
+    planner.attach_explicit(&mut bpf)?;
+
+    // Every process joins the traced set; the fork tracepoint adds their future children.
+    // Two passes: a process forked by a not-yet-added parent during the first is in the second.
+    let me = std::process::id();
+    for _ in 0..2 {
+        for pid in all_pids().into_iter().filter(|p| *p != me) {
+            let _ = bpf.trace_process(pid);
+        }
+    }
+    let mut mapping = 0;
+    for pid in all_pids().into_iter().filter(|p| *p != me) {
+        let before = planner.attached.len();
+        planner.scan_maps(&mut bpf, pid, &mut Vec::new())?;
+        mapping += (planner.attached.len() > before) as usize;
+    }
+    for w in planner.warnings.drain(..) {
+        log::warn(&w);
+    }
+    for a in &planner.attached {
+        log::info(&format!(
+            "probing {} ({} function(s))",
+            a.path.display(),
+            a.symbols.len()
+        ));
+    }
+    log::info(&format!(
+        "watching {} process(es); {} probed librar(y/ies) so far ({mapping} found mapped); \
+         new processes and libraries are picked up as they appear",
+        bpf.traced_processes().len(),
+        planner.attached.len()
+    ));
+    shared
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+
+    let observer = AgentObserver::new(shared.clone(), opts);
+    let cfg = SessionConfig {
+        output_dir: std::env::temp_dir(),
+        config_json: String::new(),
+        format: crate::cli::DataFormat::Csv,
+        track: TrackOptions {
+            dump: EventSet {
+                alloc: true,
+                free: true,
+                launch: false,
+                access: false,
+            },
+            devices: DeviceFilter {
+                all_npu: true,
+                npu_mask: 0,
+                cpu: true,
+            },
+            steps: StepFilter::new(&[]),
+            // The per-step analyses keep per-step history: not for an unbounded run.
+            step_analyses: false,
+            oom_top_k: None,
+            decompose: false,
+            inefficient: false,
+            write_op_launch: false,
+            write_kernel_launch: false,
+        },
+        leaks: false,
+        child: None,
+        stack_depth,
+        python: None,
+        mixed: false,
+        rotate: None,
+        observer: Some(Box::new(observer)),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(Session::new(bpf, planner, cfg).run(ring))?;
+    let c = result.counters;
+    shared
+        .events
+        .store(result.events, std::sync::atomic::Ordering::Relaxed);
+    log::info(&format!(
+        "stopped: {} events, {} lost; agent CPU {:.2} s",
+        result.events,
+        c.lost_events(),
+        metrics::self_cpu_seconds()
+    ));
+    if let Some(path) = &opts.heap_profile_out {
+        let procs = shared.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let profile = pprof::heap_profile(procs.values(), opts.sample_bytes);
+        std::fs::write(path, profile)
+            .with_context(|| format!("cannot write the heap profile {}", path.display()))?;
+        log::info(&format!("heap profile written to {}", path.display()));
+    }
+    // As for a single run (main.rs): benchmarks need the probes gone when the agent exits.
+    if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
+        drop(result.bpf);
+    } else {
+        result.bpf.detach_in_background();
+    }
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! What the agent knows about each process, and the session observer that keeps it.
+//!
+//! The session's per-process trackers (`tracker::ProcessState`) stay the source of truth; this
+//! observer reads them every snapshot interval into a small [`ProcessSnapshot`] per process
+//! (bytes by device and owner, peaks, leak suspects, the heap by stack) that the HTTP side
+//! serves. Counters that must be exact (allocations, frees, allocated bytes) are counted on
+//! every event. A process that exits keeps its final snapshot for `--keep-exited`, then goes.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use crate::{
+    decode::{Call, CallEvent},
+    log,
+    output::{DeviceKey, Row},
+    session::Observer,
+    tracker::{Block, ProcessState},
+};
+
+use super::sampling::Sampler;
+
+/// Distinct allocation stacks remembered per process for `alloc_*`; more are merged into
+/// [`OTHER_STACKS`] so memory stays bounded.
+const MAX_STACKS_PER_PROCESS: usize = 4096;
+pub const OTHER_STACKS: &str = "0x0000000000000000 [other stacks]";
+
+/// Bytes and blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Amount {
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// (device, owner): device as in the dumps (`0`, `cpu`), owner as `Block::owner()`.
+pub type DeviceOwner = (String, String);
+
+/// One heap-profile entry: a stack and its sampled in-use and allocated amounts, scaled by
+/// the inverse of each allocation's sampling probability.
+#[derive(Clone, Debug, Default)]
+pub struct HeapEntry {
+    pub inuse_objects: f64,
+    pub inuse_bytes: f64,
+    pub alloc_objects: f64,
+    pub alloc_bytes: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ProcessSnapshot {
+    pub pid: u32,
+    pub comm: String,
+    /// When the process exited (its numbers are then final).
+    pub exited: Option<Instant>,
+    pub step: u32,
+    pub live: BTreeMap<DeviceOwner, Amount>,
+    /// Highest total live bytes per device seen at a snapshot.
+    pub peak: BTreeMap<String, u64>,
+    /// Blocks live `--leak-steps` steps after the step they were allocated in.
+    pub suspects: BTreeMap<DeviceOwner, Amount>,
+    /// Successful allocations and frees (driver blocks, handles, pool regions): exact.
+    pub allocations: u64,
+    pub frees: u64,
+    /// Bytes of every allocation, per device: exact.
+    pub allocated_bytes: BTreeMap<String, u64>,
+    /// Heap profile by stack text (innermost frame first, `docs/call-stacks.md`).
+    pub heap: HashMap<Arc<str>, HeapEntry>,
+}
+
+/// The agent's own counters, exported as self-metrics.
+#[derive(Default)]
+pub struct AgentCounters {
+    pub sampled_stacks: AtomicU64,
+    pub unsampled_allocations: AtomicU64,
+    pub processes_seen: AtomicU64,
+}
+
+/// What the HTTP side reads.
+#[derive(Default)]
+pub struct Shared {
+    pub processes: Mutex<BTreeMap<u32, ProcessSnapshot>>,
+    pub ready: AtomicBool,
+    pub counters: AgentCounters,
+    /// Events seen and lost by the BPF side, updated at each snapshot.
+    pub events: AtomicU64,
+    pub lost: AtomicU64,
+}
+
+/// Per-process counters kept between snapshots.
+struct Tracked {
+    comm: String,
+    allocated_bytes: BTreeMap<String, u64>,
+    peak: BTreeMap<String, u64>,
+    alloc_by_stack: HashMap<Arc<str>, (f64, f64)>,
+}
+
+pub struct AgentObserver {
+    shared: Arc<Shared>,
+    sampler: Sampler,
+    leak_steps: u32,
+    snapshot_every: Duration,
+    last_snapshot: Instant,
+    keep_exited: Duration,
+    max_exited: usize,
+    tracked: HashMap<u32, Tracked>,
+    other: Arc<str>,
+}
+
+impl AgentObserver {
+    pub fn new(shared: Arc<Shared>, opts: &super::options::AgentOptions) -> Self {
+        AgentObserver {
+            shared,
+            sampler: Sampler::new(opts.sample_bytes),
+            leak_steps: opts.leak_steps,
+            snapshot_every: opts.snapshot,
+            last_snapshot: Instant::now(),
+            keep_exited: opts.keep_exited,
+            max_exited: opts.max_exited,
+            tracked: HashMap::new(),
+            other: Arc::from(OTHER_STACKS),
+        }
+    }
+
+    fn tracked(&mut self, pid: u32) -> &mut Tracked {
+        let shared = &self.shared;
+        self.tracked.entry(pid).or_insert_with(|| {
+            let comm = process_comm(pid);
+            shared
+                .counters
+                .processes_seen
+                .fetch_add(1, Ordering::Relaxed);
+            log::info(&format!(
+                "picked up pid {pid} ({comm}): it called a probed Ascend library"
+            ));
+            Tracked {
+                comm,
+                allocated_bytes: BTreeMap::new(),
+                peak: BTreeMap::new(),
+                alloc_by_stack: HashMap::new(),
+            }
+        })
+    }
+
+    fn snapshot(&mut self, state: &ProcessState) -> ProcessSnapshot {
+        let leak_steps = self.leak_steps;
+        let sampler = self.sampler;
+        let t = self.tracked(state.pid);
+        let step = state.step();
+        let mut live: BTreeMap<DeviceOwner, Amount> = BTreeMap::new();
+        let mut suspects: BTreeMap<DeviceOwner, Amount> = BTreeMap::new();
+        let mut heap: HashMap<Arc<str>, HeapEntry> = HashMap::new();
+        let mut device_total: BTreeMap<String, u64> = BTreeMap::new();
+        state.for_each_live_block(|b: &Block| {
+            let key = (DeviceKey::from_id(b.device).to_string(), b.owner());
+            add(live.entry(key.clone()).or_default(), b.size);
+            *device_total.entry(key.0.clone()).or_default() += b.size;
+            // Step 0 is before the first step: pools and weights set up once are no leak.
+            if b.step > 0 && step >= b.step + leak_steps {
+                add(suspects.entry(key).or_default(), b.size);
+            }
+            if let Some(stack) = &b.stack {
+                let w = sampler.weight(b.size);
+                let e = heap.entry(stack.clone()).or_default();
+                e.inuse_objects += w;
+                e.inuse_bytes += w * b.size as f64;
+            }
+        });
+        for (dev, bytes) in device_total {
+            let p = t.peak.entry(dev).or_default();
+            *p = (*p).max(bytes);
+        }
+        for (stack, (objects, bytes)) in &t.alloc_by_stack {
+            let e = heap.entry(stack.clone()).or_default();
+            e.alloc_objects += objects;
+            e.alloc_bytes += bytes;
+        }
+        let s = state.stats;
+        ProcessSnapshot {
+            pid: state.pid,
+            comm: t.comm.clone(),
+            exited: None,
+            step,
+            live,
+            peak: t.peak.clone(),
+            suspects,
+            allocations: s.mallocs + s.creates + s.pool_mallocs,
+            frees: s.frees + s.releases + s.pool_frees,
+            allocated_bytes: t.allocated_bytes.clone(),
+            heap,
+        }
+    }
+
+    /// Drops the oldest exited processes beyond `--max-exited` and those past `--keep-exited`.
+    fn prune(&self, procs: &mut BTreeMap<u32, ProcessSnapshot>) {
+        let now = Instant::now();
+        procs.retain(|_, p| p.exited.is_none_or(|t| now - t < self.keep_exited));
+        let mut exited: Vec<(Instant, u32)> = procs
+            .values()
+            .filter_map(|p| p.exited.map(|t| (t, p.pid)))
+            .collect();
+        if exited.len() > self.max_exited {
+            exited.sort();
+            for (_, pid) in &exited[..exited.len() - self.max_exited] {
+                procs.remove(pid);
+            }
+        }
+    }
+}
+
+fn add(a: &mut Amount, size: u64) {
+    a.bytes += size;
+    a.blocks += 1;
+}
+
+/// The size a call allocates, for sampling its stack (None: not an allocation).
+fn allocated_size(call: &Call) -> Option<u64> {
+    match call {
+        Call::HalAlloc { size, .. } | Call::HalCreate { size, .. } => Some(*size),
+        Call::RegionsRegister { regions, .. } => Some(regions.iter().map(|r| r.size).sum()),
+        Call::PtaUsage(u) if u.size > 0 => Some(u.size),
+        _ => None,
+    }
+}
+
+/// `size:N` of a MALLOC row's Attr.
+fn attr_size(attr: &str) -> Option<u64> {
+    attr.split(',')
+        .find_map(|kv| kv.strip_prefix("size:"))
+        .and_then(|v| v.parse().ok())
+}
+
+impl Observer for AgentObserver {
+    fn received(&mut self, pid: u32) {
+        // Its name, while it lives (a short job may be gone by the time its events apply).
+        self.tracked(pid);
+    }
+
+    fn wants_stack(&mut self, call: &CallEvent) -> bool {
+        let Some(size) = allocated_size(&call.call) else {
+            return false;
+        };
+        let keep = self.sampler.keep(size);
+        let c = &self.shared.counters;
+        if keep {
+            c.sampled_stacks.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.unsampled_allocations.fetch_add(1, Ordering::Relaxed);
+        }
+        keep
+    }
+
+    fn applied(&mut self, state: &ProcessState, rows: &[Row]) {
+        let sampler = self.sampler;
+        let other = self.other.clone();
+        let t = self.tracked(state.pid);
+        for r in rows.iter().filter(|r| r.event == "MALLOC") {
+            let Some(size) = attr_size(&r.attr) else {
+                continue;
+            };
+            *t.allocated_bytes.entry(r.device.to_string()).or_default() += size;
+            if let Some(stack) = &r.c_stack {
+                let key = if t.alloc_by_stack.len() < MAX_STACKS_PER_PROCESS
+                    || t.alloc_by_stack.contains_key(stack)
+                {
+                    stack.clone()
+                } else {
+                    other.clone()
+                };
+                let w = sampler.weight(size);
+                let e = t.alloc_by_stack.entry(key).or_default();
+                e.0 += w;
+                e.1 += w * size as f64;
+            }
+        }
+    }
+
+    fn tick(&mut self, states: &mut dyn Iterator<Item = &ProcessState>, events: u64, lost: u64) {
+        self.shared.events.store(events, Ordering::Relaxed);
+        self.shared.lost.store(lost, Ordering::Relaxed);
+        if self.last_snapshot.elapsed() < self.snapshot_every {
+            return;
+        }
+        self.last_snapshot = Instant::now();
+        let snaps: Vec<ProcessSnapshot> = states.map(|s| self.snapshot(s)).collect();
+        let mut procs = self
+            .shared
+            .processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for s in snaps {
+            procs.insert(s.pid, s);
+        }
+        self.prune(&mut procs);
+    }
+
+    fn finished(&mut self, state: &ProcessState) {
+        let mut s = self.snapshot(state);
+        s.exited = Some(Instant::now());
+        self.tracked.remove(&state.pid);
+        let live: u64 = s.live.values().map(|a| a.bytes).sum();
+        let blocks: u64 = s.live.values().map(|a| a.blocks).sum();
+        let suspects: u64 = s.suspects.values().map(|a| a.blocks).sum();
+        log::info(&format!(
+            "lost pid {} ({}): exited with {live} bytes live in {blocks} block(s), {suspects} \
+             leak suspect(s); its final state stays in /metrics for {} s",
+            s.pid,
+            s.comm,
+            self.keep_exited.as_secs()
+        ));
+        let mut procs = self
+            .shared
+            .processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        procs.insert(s.pid, s);
+        self.prune(&mut procs);
+    }
+}
+
+/// `/proc/PID/comm` (the kernel's 15-character name), or `?` once the process is gone.
+pub fn process_comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| "?".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_comes_from_the_attr() {
+        assert_eq!(
+            attr_size("allocation_id:1,addr:0x10,size:4096,used:4096"),
+            Some(4096)
+        );
+        assert_eq!(attr_size("allocation_id:1,addr:0x10"), None);
+    }
+}
