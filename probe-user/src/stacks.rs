@@ -10,8 +10,8 @@ use std::{
 };
 
 use memscope_symbols::{
-    Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions, format_stack,
-    unwind,
+    Arch, Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions,
+    format_stack, unwind,
 };
 use probe_common::{FP_FRAMES, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent};
 
@@ -23,6 +23,8 @@ pub struct StackSample {
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
+    /// The link register (aarch64; 0 on x86-64).
+    pub lr: u64,
     /// The kernel's frame-pointer walk (return addresses, innermost first).
     pub fp_frames: Vec<u64>,
     /// User stack bytes from `sp` on.
@@ -53,6 +55,7 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
         ip: ev.ip,
         sp: ev.sp,
         fp: ev.fp,
+        lr: ev.lr,
         fp_frames: ev.frames[..nframes].to_vec(),
         stack: bytes[STACK_HEADER..STACK_HEADER + stack_len].to_vec(),
     })
@@ -183,7 +186,8 @@ fn resolve(symbolizer: &Symbolizer, job: &Job, depth: usize) -> Arc<str> {
         pc: s.ip,
         sp: s.sp,
         fp: s.fp,
-        lr: None,
+        // The tracer runs on the architecture it traces.
+        lr: (Arch::HOST == Arch::Aarch64).then_some(s.lr),
     };
     let snapshot = StackSnapshot {
         base: s.sp,
@@ -261,6 +265,7 @@ mod tests {
                 ip: pc,
                 sp: 0,
                 fp: 0,
+                lr: 0,
                 fp_frames: vec![],
                 stack: vec![],
             },
