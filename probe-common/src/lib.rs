@@ -117,6 +117,9 @@ pub struct StackEvent {
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
+    /// The link register (x30) on aarch64, where a function's return address is until its
+    /// prologue saves it; 0 on x86-64 (the return address is on the stack).
+    pub lr: u64,
     /// Valid bytes of `stack` (a copy of user memory from `sp` on).
     pub stack_len: u32,
     pub _pad2: u32,
@@ -404,6 +407,11 @@ pub mod counter {
     pub const COUNT: u32 = 6;
 }
 
+/// `TracepointOffsets::exit_group_dead` on kernels whose `sched_process_exit` has no
+/// `group_dead` field (it came in 6.16; the arm64 VM runs 6.12): the process counts as gone
+/// when its main thread exits.
+pub const NO_GROUP_DEAD: u32 = u32::MAX;
+
 /// Offsets into tracepoint records, read from tracefs `format` files by user space and
 /// handed to the BPF programs as globals, so that a kernel that moves a field still works.
 #[repr(C)]
@@ -412,6 +420,7 @@ pub struct TracepointOffsets {
     pub newtask_pid: u32,
     pub newtask_clone_flags: u32,
     pub exec_filename_loc: u32,
+    /// [`NO_GROUP_DEAD`] where `sched_process_exit` has no `group_dead` (before Linux 6.16).
     pub exit_group_dead: u32,
     pub openat_dfd: u32,
     pub openat_filename: u32,

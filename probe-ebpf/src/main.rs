@@ -236,6 +236,16 @@ fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
         st.ip = regs.rip;
         st.sp = regs.rsp;
         st.fp = regs.rbp;
+        st.lr = 0;
+    }
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        // At a function's entry its return address is still in x30, not on the stack.
+        let regs = unsafe { &*(ctx as *const aya_ebpf::bindings::user_pt_regs) };
+        st.ip = regs.pc;
+        st.sp = regs.sp;
+        st.fp = regs.regs[29];
+        st.lr = regs.regs[30];
     }
     let got = unsafe {
         bpf_get_stack(
@@ -1372,7 +1382,13 @@ fn try_process_exit(ctx: &TracePointContext) -> Option<()> {
     if !is_traced(tgid) {
         return None;
     }
-    let group_dead: u8 = unsafe { ctx.read_at(offsets().exit_group_dead as usize) }.ok()?;
+    let group_dead_at = offsets().exit_group_dead;
+    let group_dead: u8 = if group_dead_at == probe_common::NO_GROUP_DEAD {
+        // No such field before Linux 6.16: the main thread's exit stands in for the group's.
+        (tid == tgid) as u8
+    } else {
+        unsafe { ctx.read_at(group_dead_at as usize) }.ok()?
+    };
     if group_dead == 0 {
         return None;
     }

@@ -11,8 +11,8 @@ use std::{
 
 use crate::pystacks::{self, PyStack};
 use memscope_symbols::{
-    Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions, format_stack,
-    unwind,
+    Arch, Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions,
+    format_stack, unwind,
 };
 use probe_common::{FP_FRAMES, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent};
 
@@ -24,6 +24,8 @@ pub struct StackSample {
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
+    /// The link register (aarch64; 0 on x86-64).
+    pub lr: u64,
     /// The kernel's frame-pointer walk (return addresses, innermost first).
     pub fp_frames: Vec<u64>,
     /// User stack bytes from `sp` on.
@@ -54,6 +56,7 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
         ip: ev.ip,
         sp: ev.sp,
         fp: ev.fp,
+        lr: ev.lr,
         fp_frames: ev.frames[..nframes].to_vec(),
         stack: bytes[STACK_HEADER..STACK_HEADER + stack_len].to_vec(),
     })
@@ -212,7 +215,8 @@ fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: us
         pc: s.ip,
         sp: s.sp,
         fp: s.fp,
-        lr: None,
+        // The tracer runs on the architecture it traces.
+        lr: (Arch::HOST == Arch::Aarch64).then_some(s.lr),
     };
     let snapshot = StackSnapshot {
         base: s.sp,
@@ -307,6 +311,7 @@ mod tests {
                 ip: pc,
                 sp: 0,
                 fp: 0,
+                lr: 0,
                 fp_frames: vec![],
                 stack: vec![],
             },

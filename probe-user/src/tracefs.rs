@@ -52,7 +52,9 @@ pub fn read_offsets(root: &Path) -> Result<TracepointOffsets> {
         newtask_pid: field("task/task_newtask", "pid")?,
         newtask_clone_flags: field("task/task_newtask", "clone_flags")?,
         exec_filename_loc: field("sched/sched_process_exec", "filename")?,
-        exit_group_dead: field("sched/sched_process_exit", "group_dead")?,
+        // Older kernels (6.12 on the arm64 VM) lack it: the main thread's exit stands in.
+        exit_group_dead: field("sched/sched_process_exit", "group_dead")
+            .unwrap_or(probe_common::NO_GROUP_DEAD),
         openat_dfd: field("syscalls/sys_enter_openat", "dfd")?,
         openat_filename: field("syscalls/sys_enter_openat", "filename")?,
         openat_ret: field("syscalls/sys_exit_openat", "ret")?,
@@ -79,7 +81,7 @@ fn field_offset(format: &str, name: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::field_offset;
+    use super::{field_offset, read_offsets};
 
     #[test]
     fn parses_format_fields() {
@@ -94,5 +96,44 @@ mod tests {
         assert_eq!(field_offset(fmt, "filename2"), Some(24));
         assert_eq!(field_offset(fmt, "comm"), Some(28));
         assert_eq!(field_offset(fmt, "missing"), None);
+    }
+
+    /// A kernel before 6.16 (the arm64 VM's 6.12): `sched_process_exit` without `group_dead`
+    /// gives the sentinel, every other field its offset.
+    #[test]
+    fn exit_without_group_dead_gives_the_sentinel() {
+        let root = std::env::temp_dir().join(format!("memscope-tracefs-{}", std::process::id()));
+        let field = |name: &str, off: u32| format!("\tfield:int {name};\toffset:{off};\tsize:4;\n");
+        let events = [
+            (
+                "task/task_newtask",
+                field("pid", 8) + &field("clone_flags", 16),
+            ),
+            ("sched/sched_process_exec", field("filename", 8)),
+            (
+                "sched/sched_process_exit",
+                field("pid", 24) + &field("prio", 28),
+            ),
+            (
+                "syscalls/sys_enter_openat",
+                field("dfd", 16) + &field("filename", 24),
+            ),
+            ("syscalls/sys_exit_openat", field("ret", 16)),
+        ];
+        for (event, format) in &events {
+            let dir = root.join("events").join(event);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("format"), format!("format:\n{format}")).unwrap();
+        }
+        let offsets = read_offsets(&root).unwrap();
+        assert_eq!(offsets.exit_group_dead, probe_common::NO_GROUP_DEAD);
+        assert_eq!(
+            (offsets.newtask_clone_flags, offsets.openat_filename),
+            (16, 24)
+        );
+        let exit = root.join("events/sched/sched_process_exit/format");
+        std::fs::write(&exit, format!("format:\n{}", field("group_dead", 32))).unwrap();
+        assert_eq!(read_offsets(&root).unwrap().exit_group_dead, 32);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

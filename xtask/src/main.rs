@@ -11,6 +11,7 @@
 //! cargo xtask demo
 //! ```
 
+mod aarch64;
 mod bench;
 mod cmd;
 mod demo;
@@ -27,7 +28,7 @@ const USAGE: &str = "\
 cargo xtask <command>
 
 Commands:
-  setup [--force-bpf-linker] [--bpf-linker-root DIR]
+  setup [--force-bpf-linker] [--bpf-linker-root DIR] [--aarch64]
         Make this machine ready: nightly toolchain + rust-src, bpf-linker built
         against nightly's LLVM, the C fixtures (make -C tests/fixtures), the real
         torch/torch_npu test bed (two releases from PyPI in cached venvs, ~6 GB
@@ -35,12 +36,27 @@ Commands:
         CANN, and checks for kernel BTF and root. Idempotent; quick once done.
         --force-bpf-linker       reinstall bpf-linker even if a working one exists
         --bpf-linker-root DIR    install bpf-linker under DIR (cargo install --root)
+        --aarch64                also what test-aarch64 needs (never by default):
+                                 Debian's gcc-aarch64-linux-gnu and qemu-system-arm,
+                                 the Rust target, and arm64 packages (kernel with BTF,
+                                 busybox, glibc, binutils; ~60 MB) in a private apt
+                                 state under ~/.cache/memscope-bpf/aarch64
   test [-- ARGS...]
         setup, then `cargo build --all-targets` and `cargo test ARGS...` (the
         workspace's default members; RUST_BACKTRACE=1), then a short fuzz run of the
         ELF/DWARF parsers (MEMSCOPE_FUZZ_SECS, default 30; 0 skips it; installs
         cargo-fuzz on first use). Exits with cargo's status, 1 if the fuzzer crashes.
         e.g. cargo xtask test -- -p memscope-bpf -- --nocapture
+  test-aarch64 [--insn-cost]
+        The tracer on arm64 (Ascend hosts are aarch64): cross-builds the tracer, its
+        BPF object for the aarch64 registers, the fixtures (build-aarch64/) and a
+        subset of the integration tests, boots Debian's arm64 kernel in
+        qemu-system-aarch64 (TCG) with them in an initramfs, runs the tests there
+        as root and reads the results from the serial console (docs/aarch64.md).
+        Runs `setup --aarch64` first. Not part of `test`: ~15-30 min of emulation.
+        MEMSCOPE_AARCH64_TIMEOUT: seconds the VM may run (default 2400).
+        --insn-cost: then also time a uprobe on each first instruction of
+        tests/fixtures/bench/uprobe_insns.S in the VM (docs/placement.md).
   fuzz [SECONDS]
         The short fuzz run of the ELF/DWARF/CFI parsers that `test` ends with
         (default 30 s; installs cargo-fuzz on first use).
@@ -83,8 +99,21 @@ fn run(args: &[String]) -> Result<u8> {
             Ok(0)
         }
         "setup" => {
-            setup::run(&repo, &setup_options(rest)?)?;
+            let opts = setup_options(rest)?;
+            setup::run(&repo, &opts)?;
+            if opts.aarch64 {
+                aarch64::setup()?;
+            }
             Ok(0)
+        }
+        "test-aarch64" => {
+            let insn_cost = match rest {
+                [] => false,
+                [flag] if flag == "--insn-cost" => true,
+                [arg, ..] => bail!("unknown option for `test-aarch64`: `{arg}`\n\n{USAGE}"),
+            };
+            let ready = setup::run(&repo, &setup::Options::default())?;
+            aarch64::test(&repo, &ready, insn_cost)
         }
         "test" => test(&repo, rest),
         "fuzz" => {
@@ -108,6 +137,7 @@ fn setup_options(args: &[String]) -> Result<setup::Options> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--force-bpf-linker" => opts.force_bpf_linker = true,
+            "--aarch64" => opts.aarch64 = true,
             "--bpf-linker-root" => {
                 let dir = args.next().context("--bpf-linker-root needs a directory")?;
                 opts.bpf_linker_root = Some(absolute(dir)?);

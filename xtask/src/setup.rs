@@ -21,6 +21,8 @@ pub struct Options {
     pub force_bpf_linker: bool,
     /// Install bpf-linker under this root (`cargo install --root`) instead of `$CARGO_HOME`.
     pub bpf_linker_root: Option<PathBuf>,
+    /// Also prepare `cargo xtask test-aarch64` (cross compilers, qemu, arm64 packages).
+    pub aarch64: bool,
 }
 
 /// What later commands need to know after setup.

@@ -30,11 +30,16 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
-/// Builds the C fixtures once per test binary and returns `tests/fixtures/build`.
+/// Builds the C fixtures once per test binary and returns `tests/fixtures/build`, or returns
+/// `$MEMSCOPE_FIXTURES_DIR` as it is: fixtures built elsewhere (the arm64 VM of `cargo xtask
+/// test-aarch64` has no compiler; its fixtures are cross-built on the host).
 pub fn fixtures() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("MEMSCOPE_FIXTURES_DIR") {
+                return PathBuf::from(dir);
+            }
             let dir = repo_root().join("tests/fixtures");
             let out = Command::new("make")
                 .arg("-s")

@@ -1,0 +1,770 @@
+//! `cargo xtask setup --aarch64` and `cargo xtask test-aarch64`: the tracer on arm64, the
+//! architecture Ascend hosts (Kunpeng) run on, checked in a qemu VM (TCG; no KVM needed).
+//!
+//! The host cross-builds the tracer (its BPF object with `bpf_target_arch="aarch64"`: aya-build
+//! takes the arch from the cargo target), the C fixtures (`make -C tests/fixtures aarch64`) and a
+//! documented subset of the integration tests ([`VM_TESTS`]). Debian's arm64 packages give the
+//! rest: a kernel with BTF and uprobes (`linux-image-cloud-arm64`), busybox for the init script,
+//! glibc, and binutils for the stack tests' own oracle (`addr2line`, `readelf`, `nm`). All of it
+//! goes into one initramfs; the kernel boots it in `qemu-system-aarch64 -M virt`, the init script
+//! runs the test binaries as root, and the host reads their results from the serial console.
+//!
+//! The arm64 packages come from a private apt state under `~/.cache/memscope-bpf/aarch64`
+//! (`APT::Architecture=arm64`, its own lists): the machine's apt configuration and dpkg
+//! architectures stay as they were.
+
+use std::fs;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cmd;
+
+const TAG: &str = "[aarch64]";
+pub const TARGET: &str = "aarch64-unknown-linux-gnu";
+/// Debian's cross toolchain prefix (`gcc-aarch64-linux-gnu`), also the linker in .cargo/config.toml.
+const CROSS: &str = "aarch64-linux-gnu-";
+/// The Debian release whose arm64 packages make the VM (its kernel, 6.12, has multi-uprobe
+/// links, which the tracer needs: Linux 6.6+).
+const SUITE: &str = "trixie";
+const KERNEL_META: &str = "linux-image-cloud-arm64";
+/// Packages extracted into the VM's root file system (their dependencies are listed too: the
+/// VM has no dpkg, so nothing resolves them there).
+const ROOTFS_PACKAGES: &[&str] = &[
+    "busybox-static",
+    "libc6",
+    "libgcc-s1",
+    "libstdc++6",
+    // The stack tests' oracle: addr2line, readelf and nm of the arm64 binaries.
+    "binutils-aarch64-linux-gnu",
+    "libbinutils",
+    "libctf-nobfd0",
+    "libctf0",
+    "libjansson4",
+    "libsframe1",
+    "libzstd1",
+    "zlib1g",
+];
+/// What the kernel must have for the tracer (checked in its config).
+const KERNEL_CONFIG: &[&str] = &[
+    "CONFIG_BPF_SYSCALL=y",
+    "CONFIG_DEBUG_INFO_BTF=y",
+    "CONFIG_UPROBES=y",
+    "CONFIG_UPROBE_EVENTS=y",
+    "CONFIG_BPF_EVENTS=y",
+    "CONFIG_BLK_DEV_INITRD=y",
+    "CONFIG_SERIAL_AMBA_PL011_CONSOLE=y",
+];
+
+/// The integration tests run inside the VM: (test binary, tests). Each checks the tracer's
+/// output against the workload's own ground-truth log or an independent tool, so a wrong
+/// register for an argument, the return value, the stack pointer or the link register fails
+/// one of them.
+pub const VM_TESTS: &[(&str, &[&str])] = &[
+    (
+        "trace",
+        &[
+            // Launch mode: every call of a process tree (threads, devices, a child process),
+            // exact counts, sizes, addresses and the leak report against the workload's log.
+            "launch_mode_records_every_call_of_the_process_tree",
+            // --pid: from attach on, and the blocks allocated before it.
+            "attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks",
+            // A crashed target: every call up to the crash and its live blocks as leaks.
+            "target_crash_loses_nothing_and_reports_live_blocks",
+        ],
+    ),
+    (
+        "stacks",
+        &[
+            // C stacks through code built without frame pointers (CFI from the link register
+            // at function entry) and with them, against addr2line and the workload's maps.
+            "c_stacks_without_frame_pointers",
+            "c_stacks_with_frame_pointers",
+        ],
+    ),
+];
+
+fn cache_dir() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache/memscope-bpf/aarch64"))
+}
+
+/// What setup leaves for the test: the kernel image and the extracted root file system.
+pub struct VmParts {
+    kernel: PathBuf,
+    sysroot: PathBuf,
+    kernel_version: String,
+}
+
+/// `cargo xtask setup --aarch64`: the cross compilers, qemu, the Rust target and the arm64
+/// packages. Idempotent; quick once done.
+pub fn setup() -> Result<VmParts> {
+    let start = Instant::now();
+    let tools = host_tools()?;
+    println!("{TAG} host tools: ok ({tools})");
+    let target = rust_target()?;
+    println!("{TAG} rust target: ok ({target})");
+    let parts = arm64_packages()?;
+    println!(
+        "{TAG} arm64 kernel {} and root file system: ok ({})",
+        parts.kernel_version,
+        parts.sysroot.display()
+    );
+    println!("{TAG} setup done in {:.1}s", start.elapsed().as_secs_f64());
+    Ok(parts)
+}
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(tool).is_file()))
+}
+
+fn host_tools() -> Result<String> {
+    let tools = [
+        (format!("{CROSS}gcc"), "gcc-aarch64-linux-gnu"),
+        (format!("{CROSS}g++"), "g++-aarch64-linux-gnu"),
+        ("qemu-system-aarch64".to_owned(), "qemu-system-arm"),
+    ];
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, _)| !have(tool))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if !missing.is_empty() {
+        if crate::effective_uid() != Some(0) {
+            bail!(
+                "missing Debian packages {}: install them (as root: apt-get install {})",
+                missing.join(", "),
+                missing.join(" ")
+            );
+        }
+        println!("{TAG} installing {}", missing.join(" "));
+        cmd::stream(Command::new("apt-get").arg("update"))?;
+        cmd::stream(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    Ok(tools.map(|t| t.0).join(", "))
+}
+
+fn rust_target() -> Result<String> {
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|l| l.trim() == TARGET) {
+        cmd::stream(Command::new("rustup").args(["target", "add", TARGET]))?;
+    }
+    Ok(TARGET.to_owned())
+}
+
+/// apt-get/apt-cache with the private arm64 state under `apt`.
+fn apt(tool: &str, apt_dir: &Path) -> Command {
+    let mut c = Command::new(tool);
+    let d = apt_dir.display();
+    c.args([
+        "-q",
+        "-o",
+        "APT::Architecture=arm64",
+        "-o",
+        "APT::Architectures::=arm64",
+        "-o",
+        &format!("Dir::Etc::SourceList={d}/sources.list"),
+        "-o",
+        "Dir::Etc::SourceParts=/nonexistent",
+        "-o",
+        &format!("Dir::State::Lists={d}/lists"),
+        "-o",
+        &format!("Dir::Cache={d}/cache"),
+        "-o",
+        "Dir::State::status=/dev/null",
+        "-o",
+        "APT::Sandbox::User=root",
+    ]);
+    c
+}
+
+fn arm64_packages() -> Result<VmParts> {
+    let cache = cache_dir()?;
+    let stamp = cache.join("ready");
+    let kernel_dir = cache.join("kernel");
+    let sysroot = cache.join("sysroot");
+    if let Ok(version) = fs::read_to_string(&stamp) {
+        let version = version.trim().to_owned();
+        let kernel = kernel_dir.join(format!("boot/vmlinuz-{version}"));
+        if kernel.is_file() && sysroot.join("usr/bin/busybox").is_file() {
+            return Ok(VmParts {
+                kernel,
+                sysroot,
+                kernel_version: version,
+            });
+        }
+    }
+    let apt_dir = cache.join("apt");
+    for d in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt_dir.join(d))?;
+    }
+    fs::write(
+        apt_dir.join("sources.list"),
+        format!(
+            "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+             http://deb.debian.org/debian {SUITE} main\n"
+        ),
+    )?;
+    println!(
+        "{TAG} apt-get update (arm64 {SUITE}, private lists in {})",
+        apt_dir.display()
+    );
+    cmd::stream(apt("apt-get", &apt_dir).arg("update"))?;
+    // The meta package names the current kernel package.
+    let depends = cmd::output(apt("apt-cache", &apt_dir).args(["depends", KERNEL_META]))?;
+    let kernel_pkg = depends
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Depends: "))
+        .filter(|p| p.starts_with("linux-image-"))
+        .with_context(|| format!("no kernel package in `apt-cache depends {KERNEL_META}`"))?
+        .to_owned();
+    let debs = cache.join("debs");
+    let _ = fs::remove_dir_all(&debs);
+    fs::create_dir_all(&debs)?;
+    println!(
+        "{TAG} downloading {kernel_pkg} {}",
+        ROOTFS_PACKAGES.join(" ")
+    );
+    cmd::stream(
+        apt("apt-get", &apt_dir)
+            .current_dir(&debs)
+            .arg("download")
+            .arg(&kernel_pkg)
+            .args(ROOTFS_PACKAGES),
+    )?;
+    let _ = fs::remove_dir_all(&kernel_dir);
+    let _ = fs::remove_dir_all(&sysroot);
+    for entry in fs::read_dir(&debs)? {
+        let deb = entry?.path();
+        let name = deb.file_name().unwrap_or_default().to_string_lossy();
+        let into = if name.starts_with("linux-image-") {
+            &kernel_dir
+        } else {
+            &sysroot
+        };
+        cmd::output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(into))?;
+    }
+    let version = kernel_pkg.trim_start_matches("linux-image-").to_owned();
+    let config = fs::read_to_string(kernel_dir.join(format!("boot/config-{version}")))
+        .with_context(|| format!("the config of {kernel_pkg}"))?;
+    let missing: Vec<&str> = KERNEL_CONFIG
+        .iter()
+        .copied()
+        .filter(|opt| !config.lines().any(|l| l == *opt))
+        .collect();
+    if !missing.is_empty() {
+        bail!("{kernel_pkg} lacks {}", missing.join(", "));
+    }
+    // The modules are not needed (everything the VM uses is built in): 60 MB less to keep.
+    let _ = fs::remove_dir_all(kernel_dir.join("lib/modules"));
+    let _ = fs::remove_dir_all(kernel_dir.join("usr/lib/modules"));
+    fs::write(&stamp, &version)?;
+    Ok(VmParts {
+        kernel: kernel_dir.join(format!("boot/vmlinuz-{version}")),
+        sysroot,
+        kernel_version: version,
+    })
+}
+
+/// `cargo xtask test-aarch64`: cross-build, boot the VM, run [`VM_TESTS`] in it.
+///
+/// With `insn_cost`, the VM also times a tracefs uprobe on each first instruction of
+/// `tests/fixtures/bench/uprobe_insns.S` after the tests (the arm64 half of the bench's insn
+/// table; printed, never asserted).
+pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result<u8> {
+    let parts = setup()?;
+    let start = Instant::now();
+
+    // The fixtures, cross-built into their own tree.
+    let mut make = Command::new("make");
+    make.current_dir(repo)
+        .args(["-s", "-C", "tests/fixtures", "aarch64"]);
+    cmd::stream(&mut make)?;
+    let fixtures = repo.join("tests/fixtures/build-aarch64");
+
+    // The tracer (its build script builds the BPF object for the aarch64 registers) and the
+    // test binaries, release so the VM's emulated CPU runs less code.
+    let cargo = |args: &[&str]| {
+        let mut c = Command::new("cargo");
+        c.current_dir(repo).args(args);
+        ready.apply(&mut c);
+        c
+    };
+    let build = [
+        "build",
+        "--release",
+        "--target",
+        TARGET,
+        "-p",
+        "memscope-bpf",
+        "--bin",
+    ];
+    let mut c = cargo(&build);
+    c.arg("memscope-bpf");
+    println!("{TAG} + {}", cmd::describe(&c));
+    cmd::stream(&mut c)?;
+    let mut c = cargo(&[
+        "test",
+        "--release",
+        "--target",
+        TARGET,
+        "-p",
+        "memscope-bpf",
+        "--no-run",
+    ]);
+    for (bin, _) in VM_TESTS {
+        c.args(["--test", bin]);
+    }
+    println!("{TAG} + {}", cmd::describe(&c));
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", cmd::describe(&c)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("building the test binaries failed:\n{stderr}");
+    }
+    let mut test_bins = Vec::new();
+    for (bin, _) in VM_TESTS {
+        // "  Executable tests/trace.rs (target/aarch64-unknown-linux-gnu/release/deps/trace-…)"
+        let needle = format!("Executable tests/{bin}.rs (");
+        let path = stderr
+            .lines()
+            .find_map(|l| l.split_once(&needle).map(|(_, p)| p.trim_end_matches(')')))
+            .with_context(|| format!("no test binary for tests/{bin}.rs in:\n{stderr}"))?;
+        test_bins.push((*bin, repo.join(path)));
+    }
+    let tracer = repo.join(format!("target/{TARGET}/release/memscope-bpf"));
+    println!("{TAG} cross-built in {:.0}s", start.elapsed().as_secs_f64());
+
+    let vm_dir = repo.join("target/aarch64-vm");
+    fs::create_dir_all(&vm_dir)?;
+    let initramfs = vm_dir.join("initramfs.cpio");
+    let mut cpio = Cpio::create(&initramfs)?;
+    cpio.tree(&parts.sysroot, "")?;
+    for d in ["proc", "sys", "dev", "tmp", "run", "vm", "vm/tests"] {
+        cpio.dir(d)?;
+    }
+    for (link, to) in [("lib", "usr/lib"), ("bin", "usr/bin"), ("sbin", "usr/bin")] {
+        if !parts.sysroot.join(link).exists() {
+            cpio.symlink(link, to)?;
+        }
+    }
+    // The binaries of arm64 binutils under their plain names, as the tests call them.
+    for tool in ["addr2line", "readelf", "nm"] {
+        cpio.symlink(&format!("usr/bin/{tool}"), &format!("{CROSS}{tool}"))?;
+    }
+    // The tracer where the test binaries were told it is (CARGO_BIN_EXE_memscope-bpf).
+    cpio.file_at(&tracer, &rel(&tracer)?)?;
+    let vm_fixtures = "vm/fixtures";
+    cpio.tree(&fixtures, vm_fixtures)?;
+    let mut script = String::from(INIT_HEAD);
+    script.push_str(&format!("export MEMSCOPE_FIXTURES_DIR=/{vm_fixtures}\n"));
+    for ((bin, tests), (_, path)) in VM_TESTS.iter().zip(&test_bins) {
+        let at = format!("vm/tests/{bin}");
+        cpio.file_at(path, &at)?;
+        script.push_str(&format!(
+            "run {bin} /{at} --exact --test-threads=1 {}\n",
+            tests.join(" ")
+        ));
+    }
+    if insn_cost {
+        script.push_str(&format!("INSN=/{vm_fixtures}/bin/insn_cost\n"));
+        script.push_str(INSN_COST);
+    }
+    script.push_str(INIT_TAIL);
+    cpio.bytes("init", script.as_bytes(), 0o755)?;
+    let size = cpio.finish()?;
+    println!(
+        "{TAG} initramfs: {} ({:.0} MiB)",
+        initramfs.display(),
+        size as f64 / (1 << 20) as f64
+    );
+
+    let results = boot(&parts.kernel, &initramfs)?;
+    if insn_cost {
+        insn_table(&results);
+    }
+    judge(&results)
+}
+
+/// Times each function untraced and with a uprobe on its first instruction (no BPF: the
+/// trap's own cost), 3 rounds.
+const INSN_COST: &str = r#"T=/sys/kernel/tracing
+echo 0 > $T/tracing_on
+for name in $($INSN --list); do
+    addr=$(nm $INSN | awk -v n=$name '$3 == n { print $1 }')
+    for round in 1 2 3; do
+        base=$($INSN $name 5000)
+        echo "p:msbench/e_$name $INSN:0x$addr" >> $T/uprobe_events
+        echo 1 > $T/events/msbench/e_$name/enable
+        probed=$($INSN $name 5000)
+        echo 0 > $T/events/msbench/e_$name/enable
+        echo "-:msbench/e_$name" >> $T/uprobe_events
+        echo "@@memscope-vm insn $name $base $probed"
+    done
+done
+"#;
+
+/// The insn lines as a table: median cost per call, and the class by its ratio to a plain
+/// branch (`b`, which the arm64 kernel always simulates).
+fn insn_table(run: &VmRun) {
+    let mut costs: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
+    let mut order = Vec::new();
+    for l in &run.lines {
+        let Some(rest) = l.strip_prefix(&format!("{MARK} insn ")) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if let [name, base, probed] = f[..]
+            && let (Ok(b), Ok(p)) = (base.parse::<f64>(), probed.parse::<f64>())
+        {
+            if !costs.contains_key(name) {
+                order.push(name);
+            }
+            costs.entry(name).or_default().push((b, p));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let stats = |name: &str| {
+        let v = &costs[name];
+        let base = median(&mut v.iter().map(|x| x.0).collect());
+        let probed = median(&mut v.iter().map(|x| x.1).collect());
+        let cost = median(&mut v.iter().map(|x| x.1 - x.0).collect());
+        (base, probed, cost)
+    };
+    let branch = costs.contains_key("ins_b").then(|| stats("ins_b").2);
+    println!("{TAG} uprobe cost by first instruction (ns per call under TCG, median of 3):");
+    println!("| function | untraced | uprobe | cost | cost / cost(b) | class |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for name in order {
+        let (base, probed, cost) = stats(name);
+        let ratio = branch.map_or(f64::NAN, |b| cost / b);
+        let class = if ratio < 0.2 {
+            "refused"
+        } else if ratio < 1.5 {
+            "simulated"
+        } else {
+            "single-stepped"
+        };
+        println!("| {name} | {base:.0} | {probed:.0} | {cost:.0} | {ratio:.2} | {class} |");
+    }
+}
+
+fn rel(path: &Path) -> Result<String> {
+    let abs = std::path::absolute(path)?;
+    Ok(abs
+        .to_str()
+        .context("non-UTF-8 path")?
+        .trim_start_matches('/')
+        .to_owned())
+}
+
+const MARK: &str = "@@memscope-vm";
+
+const INIT_HEAD: &str = r#"#!/usr/bin/busybox sh
+/usr/bin/busybox --install -s /usr/bin
+export PATH=/usr/bin HOME=/tmp RUST_BACKTRACE=1
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+echo "@@memscope-vm kernel $(uname -r) $(uname -m) btf=$(test -e /sys/kernel/btf/vmlinux && echo yes || echo no) uid=$(id -u)"
+run() {
+    name=$1; shift
+    echo "@@memscope-vm begin $name"
+    "$@"
+    echo "@@memscope-vm end $name rc=$?"
+}
+"#;
+
+const INIT_TAIL: &str = r#"echo "@@memscope-vm done"
+poweroff -f
+"#;
+
+/// What the VM reported: the serial console's lines.
+struct VmRun {
+    lines: Vec<String>,
+    timed_out: bool,
+}
+
+fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
+    let timeout = std::env::var("MEMSCOPE_AARCH64_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2400u64);
+    // Neoverse N1 (Armv8.2) is close to Kunpeng 920's cores: no pointer authentication, so
+    // return addresses on the stack are plain (the unwinder does not strip PAC bits yet).
+    let mut qemu = Command::new("nice");
+    qemu.args(["-n", "10", "qemu-system-aarch64"])
+        .args([
+            "-M",
+            "virt",
+            "-cpu",
+            "neoverse-n1",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+        ])
+        .args(["-accel", "tcg,thread=multi"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args([
+            "-append",
+            "console=ttyAMA0 rdinit=/init panic=-1 loglevel=4",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+            // No network: the tests need none (and the default NIC wants a ROM file).
+            "-nic",
+            "none",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    println!("{TAG} + {} (timeout {timeout}s)", cmd::describe(&qemu));
+    let start = Instant::now();
+    let mut child = qemu.spawn().context("starting qemu-system-aarch64")?;
+    let pid = child.id();
+    let finished = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let finished = finished.clone();
+        let timed_out = timed_out.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(timeout);
+            while Instant::now() < deadline {
+                if finished.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            timed_out.store(true, Ordering::Relaxed);
+            // SAFETY: kill(2) on the qemu we started (still our child: not yet waited for).
+            unsafe { kill(pid as i32, 9) };
+        })
+    };
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stdout).split(b'\n') {
+        let line = String::from_utf8_lossy(&line?).trim_end().to_owned();
+        println!("[vm {:>4.0}s] {line}", start.elapsed().as_secs_f64());
+        lines.push(line);
+    }
+    let status = child.wait()?;
+    finished.store(true, Ordering::Relaxed);
+    let _ = watchdog.join();
+    println!(
+        "{TAG} VM exited ({status}) after {:.0}s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(VmRun {
+        lines,
+        timed_out: timed_out.load(Ordering::Relaxed),
+    })
+}
+
+unsafe extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Every selected test must have run, as root, and passed.
+fn judge(run: &VmRun) -> Result<u8> {
+    let mut problems = Vec::new();
+    if run.timed_out {
+        problems.push("the VM ran out of time (MEMSCOPE_AARCH64_TIMEOUT)".to_owned());
+    }
+    match run
+        .lines
+        .iter()
+        .find_map(|l| l.split_once(&format!("{MARK} kernel ")))
+    {
+        Some((_, what)) => {
+            println!("{TAG} VM: {what}");
+            if !what.contains("aarch64") || !what.contains("btf=yes") || !what.contains("uid=0") {
+                problems.push(format!(
+                    "the VM is not an arm64 kernel with BTF run as root: {what}"
+                ));
+            }
+        }
+        None => problems.push("the VM's init never ran".to_owned()),
+    }
+    if !run.lines.iter().any(|l| l == &format!("{MARK} done")) {
+        problems.push("the VM's init did not finish".to_owned());
+    }
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for (bin, tests) in VM_TESTS {
+        let end = run
+            .lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{MARK} end {bin} rc=")));
+        if end != Some("0") {
+            problems.push(format!("tests/{bin}.rs exited with {end:?} in the VM"));
+        }
+        for test in *tests {
+            let ok = run
+                .lines
+                .iter()
+                .any(|l| l == &format!("test {test} ... ok"));
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+                problems.push(format!("{bin}::{test} did not pass"));
+            }
+        }
+    }
+    if run.lines.iter().any(|l| l.contains("SKIPPED")) {
+        problems.push("a test was SKIPPED in the VM".to_owned());
+    }
+    for p in &problems {
+        println!("{TAG} FAILED: {p}");
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if problems.is_empty() { 0 } else { 1 })
+}
+
+/// A newc ("070701") cpio archive, the format the kernel unpacks an initramfs from.
+struct Cpio {
+    out: BufWriter<fs::File>,
+    written: u64,
+    ino: u32,
+    dirs: std::collections::BTreeSet<String>,
+}
+
+impl Cpio {
+    fn create(path: &Path) -> Result<Cpio> {
+        let file =
+            fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Cpio {
+            out: BufWriter::new(file),
+            written: 0,
+            ino: 1,
+            dirs: Default::default(),
+        })
+    }
+
+    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) -> Result<()> {
+        let ino = self.ino;
+        self.ino += 1;
+        let fields = [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, 0, 0];
+        let mut head = String::from("070701");
+        for f in fields {
+            head.push_str(&format!("{f:08x}"));
+        }
+        head.push_str(&format!("{:08x}{:08x}", name.len() + 1, 0));
+        self.put(head.as_bytes())?;
+        self.put(name.as_bytes())?;
+        self.put(&[0])?;
+        self.pad()?;
+        self.put(data)?;
+        self.pad()
+    }
+
+    fn put(&mut self, b: &[u8]) -> Result<()> {
+        self.out.write_all(b)?;
+        self.written += b.len() as u64;
+        Ok(())
+    }
+
+    fn pad(&mut self) -> Result<()> {
+        let n = (4 - self.written % 4) % 4;
+        self.put(&[0u8; 3][..n as usize])
+    }
+
+    /// A directory and its parents, once each.
+    fn dir(&mut self, name: &str) -> Result<()> {
+        let name = name.trim_matches('/');
+        if name.is_empty() || self.dirs.contains(name) {
+            return Ok(());
+        }
+        if let Some((parent, _)) = name.rsplit_once('/') {
+            self.dir(parent)?;
+        }
+        self.dirs.insert(name.to_owned());
+        self.entry(name, 0o040755, &[])
+    }
+
+    fn parent(&mut self, name: &str) -> Result<()> {
+        match name.rsplit_once('/') {
+            Some((parent, _)) => self.dir(parent),
+            None => Ok(()),
+        }
+    }
+
+    fn symlink(&mut self, name: &str, to: &str) -> Result<()> {
+        self.parent(name)?;
+        self.entry(name, 0o120777, to.as_bytes())
+    }
+
+    fn bytes(&mut self, name: &str, data: &[u8], perm: u32) -> Result<()> {
+        self.parent(name)?;
+        self.entry(name, 0o100000 | perm, data)
+    }
+
+    fn file_at(&mut self, src: &Path, name: &str) -> Result<()> {
+        let data = fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+        let perm = fs::metadata(src)?.permissions().mode() & 0o7777;
+        self.bytes(name, &data, perm)
+    }
+
+    /// Everything under `src`, at `at` in the archive.
+    fn tree(&mut self, src: &Path, at: &str) -> Result<()> {
+        self.dir(at)?;
+        let mut entries: Vec<_> = fs::read_dir(src)
+            .with_context(|| format!("reading {}", src.display()))?
+            .collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            let name = e.file_name();
+            let name = name.to_str().context("non-UTF-8 file name")?;
+            let inside = if at.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{at}/{name}")
+            };
+            let meta = fs::symlink_metadata(&path)?;
+            if meta.file_type().is_symlink() {
+                let to = fs::read_link(&path)?;
+                self.symlink(&inside, to.to_str().context("non-UTF-8 link")?)?;
+            } else if meta.is_dir() {
+                self.tree(&path, &inside)?;
+            } else if meta.is_file() {
+                self.file_at(&path, &inside)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<u64> {
+        self.entry("TRAILER!!!", 0, &[])?;
+        self.out.flush()?;
+        Ok(self.written)
+    }
+}
