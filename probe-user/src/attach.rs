@@ -124,6 +124,17 @@ struct FileId {
     mtime_ns: i128,
 }
 
+impl FileId {
+    fn of(meta: &fs::Metadata) -> Self {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+        }
+    }
+}
+
 pub struct Planner {
     explicit: Vec<PathBuf>,
     seen_inodes: HashSet<(u64, u64)>,
@@ -144,11 +155,8 @@ pub struct Planner {
     /// Which processes the probes fire in.
     pub scope: Scope,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
-    torch_npu_sites: HashMap<FileIdentity, Result<torch_npu::ReportSite, String>>,
+    torch_npu_sites: HashMap<FileId, Result<torch_npu::ReportSite, String>>,
 }
-
-/// What identifies a file's contents without reading it: device, inode, size, mtime.
-type FileIdentity = (u64, u64, u64, i64);
 
 impl Planner {
     pub fn new(explicit: Vec<PathBuf>) -> Self {
@@ -399,12 +407,7 @@ impl Planner {
     fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
         let meta =
             fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
-        let id = FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-        };
+        let id = FileId::of(&meta);
         if let Some(c) = self.elf_cache.get(&id) {
             return c.clone();
         }
@@ -554,11 +557,10 @@ impl Planner {
                 symbols.push("aclnn*");
             }
         }
-        if torch_npu::is_library(&file_name) {
-            let identity = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
-            if let Some(symbol) = self.attach_torch_npu(bpf, host, shown, identity) {
-                symbols.push(symbol);
-            }
+        if torch_npu::is_library(&file_name)
+            && let Some(symbol) = self.attach_torch_npu(bpf, host, shown, FileId::of(&meta))
+        {
+            symbols.push(symbol);
         }
         if is_known {
             for p in probes::expected_in(&file_name) {
@@ -630,10 +632,14 @@ impl Planner {
         bpf: &mut Bpf,
         host: &Path,
         shown: &Path,
-        identity: FileIdentity,
+        identity: FileId,
     ) -> Option<&'static str> {
         if !self.torch_npu_sites.contains_key(&identity) {
-            let site = torch_npu::locate_cached(host, identity).map_err(|e| format!("{e:#}"));
+            let site = torch_npu::locate_cached(
+                host,
+                (identity.dev, identity.ino, identity.size, identity.mtime_ns),
+            )
+            .map_err(|e| format!("{e:#}"));
             match &site {
                 Ok(s) => self.debug.push(format!(
                     "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",

@@ -242,10 +242,10 @@ fn layout_at(window: &[Instruction], (base, disp): (Register, i64)) -> Result<Us
 /// [`locate`], remembered across runs: the analysis reads the whole library (~60 MB, a second
 /// or more), which would otherwise be paid at every attach while the target waits. The cache
 /// (`$MEMSCOPE_BPF_CACHE` or `~/.cache/memscope-bpf`, `torch_npu_sites`) holds one line per
-/// file identity (device, inode, size, mtime); it is used only when we own it and nobody else
+/// file identity (device, inode, size, mtime in ns); it is used only when we own it and nobody else
 /// can write it (a wrong offset must not be planted by another user), and any line it cannot
 /// parse is ignored.
-pub fn locate_cached(path: &Path, identity: (u64, u64, u64, i64)) -> Result<ReportSite> {
+pub fn locate_cached(path: &Path, identity: (u64, u64, u64, i128)) -> Result<ReportSite> {
     let key = format!(
         "{} {} {} {}",
         identity.0, identity.1, identity.2, identity.3

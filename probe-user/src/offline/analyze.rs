@@ -55,11 +55,13 @@ enum Ev {
     },
 }
 
-fn is_hal(row: &DumpRow) -> bool {
+/// Driver memory rows: HAL, and pinned host memory (`HOST` with `pinned:true`).
+pub(crate) fn is_hal(row: &DumpRow) -> bool {
     row.event_type == "HAL" || (row.event_type == "HOST" && row.attr("pinned") == Some("true"))
 }
 
-fn address(row: &DumpRow, loc: Loc, path: &Path) -> Result<u64> {
+/// A memory row's address: the Ptr column, else Attr `addr`; an input error when neither.
+pub(crate) fn address(row: &DumpRow, loc: Loc, path: &Path) -> Result<u64> {
     if let Some(p) = row.ptr {
         return Ok(p);
     }

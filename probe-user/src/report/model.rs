@@ -18,7 +18,10 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    offline::reader::{self, DumpRow, Loc, parse_ptr},
+    offline::{
+        analyze::{address, is_hal},
+        reader::{self, DumpRow, Loc},
+    },
     output::DeviceKey,
 };
 
@@ -121,10 +124,6 @@ pub struct Builder {
     seen_marks: std::collections::HashSet<(u32, u64, u32, u32)>,
 }
 
-fn is_hal(row: &DumpRow) -> bool {
-    row.event_type == "HAL" || (row.event_type == "HOST" && row.attr("pinned") == Some("true"))
-}
-
 fn is_pool(row: &DumpRow) -> bool {
     matches!(
         row.event_type.as_str(),
@@ -191,23 +190,6 @@ impl Builder {
                 }),
             }
         };
-        let addr_of = || -> Result<u64> {
-            if let Some(p) = row.ptr {
-                return Ok(p);
-            }
-            match row.attr("addr").map(parse_ptr) {
-                Some(Ok(Some(a))) => Ok(a),
-                _ => Err(loc
-                    .error(
-                        path,
-                        format!(
-                            "{} {} row without an address (Ptr is N/A and Attr has no addr)",
-                            row.event, row.event_type
-                        ),
-                    )
-                    .into()),
-            }
-        };
         let mut ev = Event {
             ts: row.ts_ns,
             addr: 0,
@@ -231,7 +213,7 @@ impl Builder {
                     (false, true) => Kind::PoolMalloc,
                     (false, false) => Kind::PoolFree,
                 };
-                ev.addr = addr_of()?;
+                ev.addr = address(row, loc, path)?;
                 ev.size = attr_u64("size")?;
                 ev.alloc_id = attr_u64("allocation_id")?;
                 if !hal {
