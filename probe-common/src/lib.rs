@@ -6,6 +6,8 @@
 //! indexes it. Adding a probed function therefore never changes BPF code.
 #![no_std]
 
+pub mod sampling;
+
 /// Bytes of user memory a single event can carry (a C string or a copied struct).
 pub const DATA_LEN: usize = 256;
 /// Number of function arguments captured at entry.

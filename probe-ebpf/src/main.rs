@@ -15,6 +15,7 @@
 #![no_main]
 
 mod python;
+mod sampling;
 
 use core::ffi::c_void;
 
@@ -500,13 +501,17 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
             bump(counter::PENDING_FULL);
         }
     } else if spec.flags & spec_flags::BATCH != 0 {
-        emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+        if sampling::wants_stack(probe, &ev.args, Some(&ev.data)) {
+            emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+        }
         emit_batch(ev, &spec);
     } else {
         if spec.flags & spec_flags::STOP_AT_ENTRY != 0 {
             emit_stopping(ev, offsets().stop_on_discovery != 0);
         } else {
-            emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+            if sampling::wants_stack(probe, &ev.args, Some(&ev.data)) {
+                emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+            }
             emit(ev);
         }
     }
@@ -927,7 +932,9 @@ fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
     let (ts_ns, ret_ts_ns) = call_times(call, &spec);
     let (deref, flags) = read_deref(call, &spec);
     // The stack sample goes first: records reach user space in reservation order.
-    emit_stack(ctx.as_ptr(), call.pid, call.tid, ts_ns);
+    if sampling::wants_stack(call.probe & COOKIE_PROBE_MASK as u32, &call.args, None) {
+        emit_stack(ctx.as_ptr(), call.pid, call.tid, ts_ns);
+    }
     // Written straight into the ring buffer (no per-CPU scratch event, no copy).
     let wake = batched_wake_flags();
     let Some(mut entry) = EVENTS.reserve::<CallHeader>(0) else {
@@ -1238,7 +1245,9 @@ fn finish_return(
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
         }
     }
-    emit_stack(ctx, tgid, tid, ev.ts_ns);
+    if sampling::wants_stack(ev.probe as u32, &ev.args, Some(&ev.data)) {
+        emit_stack(ctx, tgid, tid, ev.ts_ns);
+    }
     if spec.flags & spec_flags::BATCH != 0 {
         emit_batch(ev, &spec);
     } else {

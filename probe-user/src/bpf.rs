@@ -540,6 +540,11 @@ impl Bpf {
             .with_context(|| format!("cannot store the Python layout of pid {pid}"))
     }
 
+    /// A map by name, for modules that own their maps (the agent's stack sampling).
+    pub fn map_mut(&mut self, name: &str) -> Option<&mut aya::maps::Map> {
+        self.ebpf.map_mut(name)
+    }
+
     /// `pid` exited or exec'd: its interpreter is gone.
     pub fn forget_python_process(&mut self, pid: u32) {
         if let Some(m) = self.ebpf.map_mut("PY_PROCS")

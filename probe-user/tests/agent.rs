@@ -556,6 +556,112 @@ fn go_pprof_reads_the_heap_profile_with_sites_in_order_of_in_use_bytes() {
     assert_eq!(roots(&exported), roots(&top));
 }
 
+/// With stacks sampled in BPF (`--sample-bytes R`), the heap profile's in-use bytes are an
+/// estimate: each sampled block weighs `1 / p(s)`, `p(s) = 1 - exp(-s / R)`. It must match the
+/// workload's log within a bound from the estimate's own variance, `sum s^2 (1 - p) / p` over
+/// the blocks live at the end; and only a sample of the blocks may carry a stack.
+#[test]
+fn sampled_heap_profile_estimates_the_in_use_bytes_without_bias() {
+    if !require_root("sampled_heap_profile_estimates_the_in_use_bytes_without_bias") {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-sampled");
+    let mean: u64 = 32 << 20;
+    let agent = Agent::start(&["--sample-bytes", &mean.to_string()]);
+    // Blocks of 1..16 MiB (+ 4 KiB per thread), all leaked: 1280 live blocks, ~11 GiB.
+    let log = dir.join("sampled.log");
+    let pid = run_gated(
+        &agent,
+        "workload",
+        &[
+            "--threads",
+            "2",
+            "--devices",
+            "2",
+            "--steps",
+            "40",
+            "--allocs",
+            "16",
+            "--leaks",
+            "16",
+        ],
+        &log,
+    );
+    agent.wait_exited(&[pid]);
+    let (status, body) =
+        get(&agent.addr, &format!("/debug/pprof/heap?pid={pid}")).expect("GET heap?pid");
+    assert_eq!(status, 200);
+    let profile = dir.join("sampled.pb.gz");
+    std::fs::write(&profile, &body).unwrap();
+    agent.stop();
+
+    // The log replayed in order (an address is reused once freed).
+    let mut live_blocks: HashMap<u64, u64> = HashMap::new();
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        let f = log_fields(line);
+        match line.split_once(' ').map(|(k, _)| k) {
+            Some("MALLOC") => live_blocks.insert(hex(f["addr"]), f["size"].parse().unwrap()),
+            Some("FREE") => live_blocks.remove(&hex(f["addr"])),
+            _ => None,
+        };
+    }
+    let live: Vec<u64> = live_blocks.into_values().collect();
+    assert_eq!(live.len(), 2 * 40 * 16);
+    let truth: u64 = live.iter().sum();
+    let p = |s: u64| 1.0 - (-(s as f64) / mean as f64).exp();
+    let variance: f64 = live
+        .iter()
+        .map(|s| (*s as f64).powi(2) * (1.0 - p(*s)) / p(*s))
+        .sum();
+    let sd = variance.sqrt();
+    let top = pprof_top(&profile, &["-cum", "-sample_index=inuse_space"]);
+    let root = format!("workload (pid {pid})");
+    let estimate = top
+        .iter()
+        .find(|(_, _, n)| *n == root)
+        .unwrap_or_else(|| panic!("{root} not in pprof -top:\n{top:?}"))
+        .1 as f64;
+    eprintln!(
+        "sampled in-use estimate {estimate} vs {truth} in the log ({:+.2} sd, sd {sd:.0})",
+        (estimate - truth as f64) / sd
+    );
+    // 5 standard deviations: a correct sampler fails about once in two million runs.
+    assert!(
+        (estimate - truth as f64).abs() < 5.0 * sd,
+        "in-use estimate {estimate} vs {truth} in the log (sd {sd:.0})"
+    );
+    // The block count is estimated the same way (variance sum (1 - p) / p); with every block
+    // kept and weighed anyway, both estimates would be several times the truth, and an
+    // estimate equal to the log to the byte would mean nothing was left out.
+    let objects = pprof_top(&profile, &["-cum", "-sample_index=inuse_objects"]);
+    let count = objects
+        .iter()
+        .find(|(_, _, n)| *n == root)
+        .map(|r| r.1 as f64)
+        .unwrap_or(0.0);
+    let count_sd: f64 = live
+        .iter()
+        .map(|s| (1.0 - p(*s)) / p(*s))
+        .sum::<f64>()
+        .sqrt();
+    assert!(
+        (count - live.len() as f64).abs() < 5.0 * count_sd,
+        "in-use block estimate {count} vs {} (sd {count_sd:.0})",
+        live.len()
+    );
+    assert_ne!(
+        estimate as u64, truth,
+        "every block has a stack: not sampled"
+    );
+    // The sampled stacks are still right: every leaked block was allocated in `do_alloc`,
+    // the only frame with in-use bytes of its own.
+    let flat: Vec<&(u64, u64, String)> = top.iter().filter(|(f, _, _)| *f > 0).collect();
+    assert_eq!(flat.len(), 1, "{top:?}");
+    assert_eq!(flat[0].2, "do_alloc");
+    assert_eq!(flat[0].0 as f64, estimate);
+}
+
 /// A real Prometheus server (Debian `prometheus`) scrapes the agent every second; PromQL over
 /// its TSDB gives each workload's live bytes per device and owner.
 #[test]

@@ -12,8 +12,8 @@
 //! * state: the session (`session.rs`) and the per-process tracker (`tracker.rs`) do the work
 //!   as for a single run; the agent is a session [`Observer`](crate::session::Observer)
 //!   (`state.rs`) that writes no files and keeps a bounded summary per process.
-//! * sampling (`sampling.rs`): stacks are resolved for a byte-weighted Poisson sample of
-//!   allocations; counters are exact.
+//! * sampling (`sampling.rs`): stacks are copied (in BPF) and resolved for a byte-weighted
+//!   Poisson sample of allocations only; counters are exact.
 //! * endpoints (`http.rs`): `/metrics` (`metrics.rs`, OpenMetrics text via prometheus-client),
 //!   `/ready`, `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
 //!
@@ -106,6 +106,9 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
     offsets.capture_stacks = if stack_depth.is_some() { 2 } else { 0 };
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
+    if stack_depth.is_some() {
+        sampling::configure_bpf(&mut bpf, opts.sample_bytes)?;
+    }
     let mut planner = Planner::new(opts.libs.clone());
     planner.scope = Scope::AllProcesses;
     planner.attach_explicit(&mut bpf)?;

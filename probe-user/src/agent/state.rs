@@ -240,28 +240,25 @@ impl Observer for AgentObserver {
     }
 
     fn wants_stack(&mut self, call: &CallEvent) -> bool {
-        let Some(size) = allocated_size(&call.call) else {
-            return false;
-        };
-        let keep = self.sampler.keep(size);
-        let c = &self.shared.counters;
-        if keep {
-            c.sampled_stacks.fetch_add(1, Ordering::Relaxed);
-        } else {
-            c.unsampled_allocations.fetch_add(1, Ordering::Relaxed);
-        }
-        keep
+        // BPF decided (`sampling.rs`): an allocation carries a stack sample only if sampled.
+        allocated_size(&call.call).is_some()
     }
 
     fn applied(&mut self, state: &ProcessState, rows: &[Row]) {
         let sampler = self.sampler;
         let other = self.other.clone();
+        let shared = self.shared.clone();
         let t = self.tracked(state.pid);
         for r in rows.iter().filter(|r| r.event == "MALLOC") {
             let Some(size) = attr_size(&r.attr) else {
                 continue;
             };
             *t.allocated_bytes.entry(r.device.to_string()).or_default() += size;
+            let sampled = match &r.c_stack {
+                Some(_) => &shared.counters.sampled_stacks,
+                None => &shared.counters.unsampled_allocations,
+            };
+            sampled.fetch_add(1, Ordering::Relaxed);
             if let Some(stack) = &r.c_stack {
                 let key = if t.alloc_by_stack.len() < MAX_STACKS_PER_PROCESS
                     || t.alloc_by_stack.contains_key(stack)
