@@ -15,11 +15,14 @@ use std::{
 
 use common::*;
 
-/// (device, owner) -> bytes live at the end, from a fixture log: driver blocks (`MALLOC`/
-/// `FREE`, module 33 = CANN@APP) and pool regions (`REGION_MALLOC`/`REGION_FREE`).
-fn live_at_end(log: &Path) -> BTreeMap<(String, String), u64> {
+/// A fixture log replayed in order: (device, owner) -> bytes live at the end, and device ->
+/// the highest total live bytes after any one operation. Driver blocks (`MALLOC`/`FREE`,
+/// module 33 = CANN@APP) and pool regions (`REGION_MALLOC`/`REGION_FREE`).
+fn replay(log: &Path) -> (BTreeMap<(String, String), u64>, BTreeMap<String, u64>) {
     let text = std::fs::read_to_string(log).unwrap();
     let mut live: HashMap<(String, u64), (String, String, u64)> = HashMap::new();
+    let mut total: HashMap<String, u64> = HashMap::new();
+    let mut peak: BTreeMap<String, u64> = BTreeMap::new();
     for line in text.lines() {
         let f = log_fields(line);
         let (kind, _) = line.split_once(' ').unwrap_or((line, ""));
@@ -37,16 +40,26 @@ fn live_at_end(log: &Path) -> BTreeMap<(String, String), u64> {
         let key = (layer.to_string(), hex(f["addr"]));
         if kind.ends_with("MALLOC") {
             let size: u64 = f["size"].parse().unwrap();
-            live.insert(key, (f["dev"].to_string(), owner, size));
-        } else {
-            live.remove(&key);
+            let dev = f["dev"].to_string();
+            let t = total.entry(dev.clone()).or_default();
+            *t += size;
+            let p = peak.entry(dev.clone()).or_default();
+            *p = (*p).max(*t);
+            live.insert(key, (dev, owner, size));
+        } else if let Some((dev, _, size)) = live.remove(&key) {
+            *total.get_mut(&dev).unwrap() -= size;
         }
     }
     let mut by = BTreeMap::new();
     for (dev, owner, size) in live.into_values() {
         *by.entry((dev, owner)).or_default() += size;
     }
-    by
+    (by, peak)
+}
+
+/// (device, owner) -> bytes live at the end of a fixture log.
+fn live_at_end(log: &Path) -> BTreeMap<(String, String), u64> {
+    replay(log).0
 }
 
 /// One HTTP GET against the agent: (status, body).
@@ -313,6 +326,16 @@ fn agent_metrics_match_each_workloads_log_and_flag_only_the_leak() {
             "live bytes by (device, owner) of pid {pid} vs {}",
             log.display()
         );
+    }
+    // Peaks are exact, per event: the highest sum of live blocks the log ever reached on each
+    // device (the workloads free within a step, so no snapshot would see these).
+    for (pid, log) in [&w.leaky, &w.clean, &w.pool] {
+        let peaks: BTreeMap<String, u64> = m
+            .iter()
+            .filter(|(n, l, _)| n == "memscope_peak_bytes" && l["pid"] == pid.to_string())
+            .map(|(_, l, v)| (l["device"].clone(), *v as u64))
+            .collect();
+        assert_eq!(peaks, replay(log).1, "peak per device of pid {pid}");
     }
     // The leaky run leaks one block per thread per step, on devices 0 and 1.
     assert_eq!(

@@ -66,7 +66,7 @@ pub fn render(shared: &Arc<Shared>) -> String {
     let peak = gauge_family(
         &mut reg,
         "memscope_peak_bytes",
-        "Highest total live bytes of the device seen at a snapshot (--snapshot-ms)",
+        "Highest total live bytes of the device after any one event",
     );
     let suspect_bytes = gauge_family(
         &mut reg,

@@ -58,7 +58,7 @@ pub struct ProcessSnapshot {
     pub exited: Option<Instant>,
     pub step: u32,
     pub live: BTreeMap<DeviceOwner, Amount>,
-    /// Highest total live bytes per device seen at a snapshot.
+    /// Highest total live bytes per device after any one event (exact).
     pub peak: BTreeMap<String, u64>,
     /// Blocks live `--leak-steps` steps after the step they were allocated in.
     pub suspects: BTreeMap<DeviceOwner, Amount>,
@@ -94,6 +94,8 @@ pub struct Shared {
 struct Tracked {
     comm: String,
     allocated_bytes: BTreeMap<String, u64>,
+    /// Live bytes per device, kept from every MALLOC and FREE row, and their highest value.
+    live_total: BTreeMap<String, u64>,
     peak: BTreeMap<String, u64>,
     alloc_by_stack: HashMap<Arc<str>, (f64, f64)>,
 }
@@ -139,6 +141,7 @@ impl AgentObserver {
             Tracked {
                 comm,
                 allocated_bytes: BTreeMap::new(),
+                live_total: BTreeMap::new(),
                 peak: BTreeMap::new(),
                 alloc_by_stack: HashMap::new(),
             }
@@ -249,10 +252,24 @@ impl Observer for AgentObserver {
         let other = self.other.clone();
         let shared = self.shared.clone();
         let t = self.tracked(state.pid);
-        for r in rows.iter().filter(|r| r.event == "MALLOC") {
+        for r in rows {
+            let is_malloc = match r.event {
+                "MALLOC" => true,
+                "FREE" => false,
+                _ => continue,
+            };
             let Some(size) = attr_size(&r.attr) else {
                 continue;
             };
+            let device = r.device.to_string();
+            let total = t.live_total.entry(device.clone()).or_default();
+            if !is_malloc {
+                *total = total.saturating_sub(size);
+                continue;
+            }
+            *total += size;
+            let peak = t.peak.entry(device).or_default();
+            *peak = (*peak).max(*total);
             *t.allocated_bytes.entry(r.device.to_string()).or_default() += size;
             let sampled = match &r.c_stack {
                 Some(_) => &shared.counters.sampled_stacks,
