@@ -895,3 +895,165 @@ fn agent_picks_up_a_job_that_was_running_before_it() {
     let stderr = agent.stop();
     assert!(stderr.contains("libascend_hal.so"), "{stderr}");
 }
+
+/// The torch/torch_npu test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test`
+/// unless `MEMSCOPE_TORCH_BED=off`), or a loud skip.
+fn torch_venvs(test: &str) -> Option<Vec<PathBuf>> {
+    let Some(v) = std::env::var_os("MEMSCOPE_TORCH_VENVS") else {
+        eprintln!(
+            "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
+             which installs the torch/torch_npu test bed; MEMSCOPE_TORCH_BED=off leaves it out)"
+        );
+        println!("SKIPPED {test}: no torch test bed");
+        return None;
+    };
+    let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
+    for venv in &venvs {
+        assert!(
+            venv.join("bin/python").is_file(),
+            "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
+            venv.display()
+        );
+    }
+    Some(venvs)
+}
+
+/// The released torch + torch_npu wheels on the simulated CANN (tests/fixtures/python/
+/// torch_npu_train.py, started after the agent, which is given only the CANN install's
+/// libraries: libtorch_npu.so's reporting function is found when the job opens it). While the
+/// job holds its tensors after `empty_cache()`, /metrics says what the job itself printed:
+/// PTA live bytes = `memory_allocated()`, CANN (driver) live bytes = `memory_reserved()`;
+/// and the heap profile's stacks go through the script's own Python functions.
+#[test]
+fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
+    const TEST: &str = "agent_reports_a_real_torch_npu_job_by_owner_with_python_frames";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(venvs) = torch_venvs(TEST) else {
+        return;
+    };
+    let _g = serial();
+    let cann = repo_root().join("tests/fixtures/build/cann");
+    let lib64 = cann.join("lib64");
+    assert!(
+        lib64.join("libascendcl.so").is_file(),
+        "no simulated CANN at {} (cargo xtask setup builds it)",
+        cann.display()
+    );
+    let libs: Vec<String> = ["libascend_hal.so", "libascendcl.so"]
+        .iter()
+        .map(|l| lib64.join(l).display().to_string())
+        .collect();
+    let agent =
+        Agent::start_without_libs(&["--lib", &libs[0], "--lib", &libs[1], "--sample-bytes", "0"]);
+    let script = repo_root().join("tests/fixtures/python/torch_npu_train.py");
+    let old_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    for venv in venvs {
+        let release = venv.file_name().unwrap().to_string_lossy().into_owned();
+        let dir = scratch(&format!("agent-torch-{release}"));
+        let (log, go, hold) = (dir.join("gt.log"), dir.join("go"), dir.join("hold"));
+        let _release_hold = GoOnDrop(hold.clone());
+        let _release_go = GoOnDrop(go.clone());
+        let mut job = KillOnDrop(
+            Command::new(venv.join("bin/python"))
+                .arg(&script)
+                .arg("--log")
+                .arg(&log)
+                .args(["--steps", "5", "--wait-file"])
+                .arg(&go)
+                .arg("--hold-file")
+                .arg(&hold)
+                .env("ASCEND_HOME_PATH", &cann)
+                .env("ASCEND_OPP_PATH", cann.join("opp"))
+                .env("LD_LIBRARY_PATH", format!("{}:{old_path}", lib64.display()))
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("start python"),
+        );
+        let text = wait_for_text(&log, "READY", 300);
+        let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
+        // Picked up at its lazy init (device, streams), before its steps.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !agent
+            .metrics()
+            .iter()
+            .any(|(n, l, _)| n == "memscope_process_exited" && l["pid"] == pid.to_string())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{release}: the agent never picked up {pid}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::write(&go, b"").unwrap();
+        let text = wait_for_text(&log, "DONE", 300);
+        let end = &log_lines(&text, "EMPTY_CACHE")[0];
+        let allocated: u64 = end["allocated"].parse().unwrap();
+        let reserved: u64 = end["reserved"].parse().unwrap();
+        assert!(allocated > 0 && reserved > allocated, "{text}");
+        let by_owner = |live: &BTreeMap<(String, String), u64>| -> (u64, u64, Vec<String>) {
+            let mut pta = 0;
+            let mut cann = 0;
+            let mut others = Vec::new();
+            for ((device, owner), bytes) in live {
+                match owner.as_str() {
+                    "PTA" if device == "0" => pta += bytes,
+                    o if o.starts_with("CANN@") && device == "0" => cann += bytes,
+                    o => others.push(format!("{device}/{o}: {bytes}")),
+                }
+            }
+            (pta, cann, others)
+        };
+        // The agent is behind by its reorder window and snapshot interval at most.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let live = loop {
+            let live = live_metrics(&agent.metrics(), pid);
+            let (pta, cann, _) = by_owner(&live);
+            if (pta, cann) == (allocated, reserved) || Instant::now() > deadline {
+                break live;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let (pta, cann, others) = by_owner(&live);
+        assert_eq!(
+            (pta, cann, others),
+            (allocated, reserved, vec![]),
+            "{release}: (PTA, CANN, other) live bytes of pid {pid} vs the script's \
+             memory_allocated()/memory_reserved()\n{text}"
+        );
+
+        // Python frames: every tensor the script made went through its `alloc` function,
+        // called from `main`; the PTA blocks alone make at least the bytes it logged (the
+        // segments the caching allocator grew by inside it come on top).
+        let (status, body) =
+            get(&agent.addr, &format!("/debug/pprof/heap?pid={pid}")).expect("GET heap?pid");
+        assert_eq!(status, 200);
+        let profile = dir.join("torch.pb.gz");
+        std::fs::write(&profile, &body).unwrap();
+        let top = pprof_top(&profile, &["-cum", "-sample_index=alloc_space"]);
+        let cum = |name: &str| -> u64 {
+            top.iter()
+                .find(|(_, _, n)| n == name)
+                .map(|r| r.1)
+                .unwrap_or_else(|| panic!("{release}: no {name} in pprof -top:\n{top:?}"))
+        };
+        let made: u64 = log_lines(&text, "ALLOC")
+            .iter()
+            .map(|a| a["bytes"].parse::<u64>().unwrap())
+            .sum();
+        assert!(made > 0);
+        assert!(
+            cum("alloc") >= made,
+            "{release}: alloc() made {made} bytes, pprof says {}:\n{top:?}",
+            cum("alloc")
+        );
+        // (`<lambda>` and `<module>` are there too, but pprof's name simplification, made
+        // for C++ templates, shows them as `<unknown>`.)
+        assert!(cum("main") >= cum("alloc"), "{top:?}");
+        std::fs::write(&hold, b"").unwrap();
+        let status = job.0.wait().unwrap();
+        assert!(status.success(), "{release}: the script failed\n{text}");
+    }
+    agent.stop();
+}

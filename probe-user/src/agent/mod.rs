@@ -105,6 +105,10 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     offsets.stop_on_discovery = 0;
     let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
     offsets.capture_stacks = if stack_depth.is_some() { 2 } else { 0 };
+    // Python frames come with the C stacks of the same sampled calls (mixed view).
+    let python_depth =
+        (opts.python_depth > 0 && stack_depth.is_some()).then_some(opts.python_depth);
+    offsets.python_stacks = python_depth.is_some() as u32;
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     if stack_depth.is_some() {
         sampling::configure_bpf(&mut bpf, opts.sample_bytes)?;
@@ -176,8 +180,8 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
         leaks: false,
         child: None,
         stack_depth,
-        python: None,
-        mixed: false,
+        python: python_depth.map(crate::pystacks::PyStacks::new),
+        mixed: python_depth.is_some(),
         rotate: None,
         observer: Some(Box::new(observer)),
     };

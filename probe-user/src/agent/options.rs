@@ -23,6 +23,9 @@ OPTIONS:
                              more is always kept; 0 keeps every stack) [default: 524288]
     --stack-depth D          Frames per sampled stack; 0 turns stacks (and pprof sites) off
                              [default: 32]
+    --python-depth D         Python frames per sampled stack of a CPython process (PyTorch
+                             jobs): they take the place of the interpreter loop in the stacks
+                             and the pprof profile; 0 leaves them out [default: 32]
     --leak-steps K           A block still live K steps after the step it was allocated in is a
                              leak suspect [default: 3]
     --snapshot-ms MS         How often live bytes, peaks and leak suspects are recomputed
@@ -55,6 +58,7 @@ pub struct AgentOptions {
     pub libs: Vec<PathBuf>,
     pub sample_bytes: u64,
     pub stack_depth: usize,
+    pub python_depth: usize,
     pub leak_steps: u32,
     pub snapshot: Duration,
     pub keep_exited: Duration,
@@ -71,6 +75,7 @@ impl Default for AgentOptions {
             libs: Vec::new(),
             sample_bytes: 512 * 1024,
             stack_depth: 32,
+            python_depth: 32,
             leak_steps: 3,
             snapshot: Duration::from_millis(1000),
             keep_exited: Duration::from_secs(300),
@@ -118,6 +123,7 @@ pub fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
             "lib",
             "sample-bytes",
             "stack-depth",
+            "python-depth",
             "leak-steps",
             "snapshot-ms",
             "keep-exited",
@@ -164,6 +170,14 @@ pub fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
                 if o.stack_depth > 128 {
                     return Err(CliError::usage(format!(
                         "invalid --stack-depth value '{value}': at most 128 frames"
+                    )));
+                }
+            }
+            "python-depth" => {
+                o.python_depth = number(&name, &value, "a frame count from 0 to 128")?;
+                if o.python_depth > 128 {
+                    return Err(CliError::usage(format!(
+                        "invalid --python-depth value '{value}': at most 128 frames"
                     )));
                 }
             }
@@ -233,8 +247,12 @@ mod tests {
             "--sample-bytes",
             "0",
             "--leak-steps=2",
+            "--python-depth",
+            "0",
         ])
         .unwrap();
+        assert_eq!(o.python_depth, 0);
+        assert_eq!(p(&[]).unwrap().python_depth, 32);
         assert_eq!(o.listen.port(), 1234);
         assert_eq!(o.sample_bytes, 0);
         assert_eq!(o.leak_steps, 2);
@@ -246,6 +264,7 @@ mod tests {
             (&["--listen", "nowhere"][..], "IP:PORT"),
             (&["--ring-buffer-mib=3"][..], "power of two"),
             (&["--leak-steps=0"][..], "at least 1 step"),
+            (&["--python-depth=200"][..], "at most 128 frames"),
             (&["--bogus"][..], "unknown agent option"),
             (&["1234"][..], "takes no program or pid"),
             (&["--lib"][..], "needs a value"),

@@ -25,6 +25,8 @@ pub fn parse_frame(line: &str) -> Option<Frame> {
     let (addr, rest) = line.split_once(' ')?;
     let address = u64::from_str_radix(addr.strip_prefix("0x")?, 16).ok()?;
     let rest = rest.strip_prefix("[inlined] ").unwrap_or(rest);
+    // A Python frame of the mixed view (`ADDR [python] FUNC at FILE:LINE`): a function too.
+    let rest = rest.strip_prefix("[python] ").unwrap_or(rest);
     let (function, file, line) = match rest.rsplit_once(" at ") {
         Some((f, loc)) => match loc.rsplit_once(':') {
             Some((file, n)) if n.parse::<i64>().is_ok() => {
@@ -242,6 +244,11 @@ mod tests {
         assert_eq!(
             (f.function.as_str(), f.file.as_str()),
             ("ns::f(int)", "a b.c")
+        );
+        let f = parse_frame("0x00007f00dead0000 [python] train_step at /job/train.py:42").unwrap();
+        assert_eq!(
+            (f.function.as_str(), f.file.as_str(), f.line),
+            ("train_step", "/job/train.py", 42)
         );
         let f = parse_frame("0x0000000000401000 libfoo.so+0x1a2").unwrap();
         assert_eq!(f.function, "libfoo.so+0x1a2");

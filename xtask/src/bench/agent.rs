@@ -50,6 +50,17 @@ fn clock_ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// `memscope_agent_events_total` of the agent at `addr` (NaN when it cannot be read).
+fn events_received(addr: &str) -> f64 {
+    get(addr, "/metrics")
+        .and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix("memscope_agent_events_total "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(f64::NAN)
+}
+
 struct Agent {
     child: Child,
     addr: String,
@@ -164,11 +175,15 @@ impl Bench {
         ] {
             let agent = Agent::start(self, extra)?;
             let pid = agent.child.id();
+            // The agent is system-wide: events of other processes on the machine count too,
+            // so its CPU is also given per event it received.
+            let events0 = events_received(&agent.addr);
             let cpu0 = cpu_seconds(pid);
             let t0 = Instant::now();
             let out = self.run_workload(Config::Untraced, &paced)?;
             let wall = t0.elapsed().as_secs_f64();
             let cpu = cpu_seconds(pid) - cpu0;
+            let events = events_received(&agent.addr) - events0;
             let metrics = get(&agent.addr, "/metrics")
                 .map(|r| r.1)
                 .unwrap_or_default();
@@ -181,14 +196,16 @@ impl Bench {
                 .find_map(|l| l.strip_prefix("memscope_agent_cpu_seconds_total "))
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .unwrap_or(f64::NAN);
+            let us_per_event = 1e6 * cpu / events;
             println!(
                 "{TAG}   paced, {key}: {rate:.0} calls/s for {wall:.1} s; agent CPU {cpu:.2} s \
-                 ({:.1}% of one CPU)",
+                 ({:.1}% of one CPU), {events:.0} events received, {us_per_event:.2} us each",
                 100.0 * cpu / wall
             );
             self.sample("agent", "paced", key, 0, "calls_per_s", rate);
             self.sample("agent", "paced", key, 0, "cpu_share", cpu / wall);
-            paced_rows.push((name, rate, cpu, wall, self_metric));
+            self.sample("agent", "paced", key, 0, "cpu_us_per_event", us_per_event);
+            paced_rows.push((name, rate, cpu, wall, self_metric, us_per_event));
         }
 
         let mut md = String::new();
@@ -196,12 +213,12 @@ impl Bench {
         writeln!(
             md,
             "`memscope-bpf agent` (system-wide probes on the fixture HAL and mstx, stacks for a \
-             byte-weighted sample of allocations, default `--sample-bytes`). `bench_loop --mode \
+             byte-weighted sample of allocations, default `--sample-bytes`, decided in BPF). `bench_loop --mode \
              hal --iters {iters}` (4 KiB `halMemAlloc` + `halMemFree`, each a traced call) alone \
              and with the agent running, {} round(s), configurations interleaved; median \
-             (min-max). Stack sampling saves the user-space unwinding and symbolization only: \
-             the BPF side still copies the stack of every call, which the counters-only row \
-             leaves out.\n",
+             (min-max). Unsampled calls copy no stack (BPF decides before the copy); \
+             sampled ones are sent one by one with theirs, where counters-only calls are \
+             batched.\n",
             self.opts.rounds
         )?;
         writeln!(
@@ -229,17 +246,20 @@ impl Bench {
             "\nAgent CPU at a given event rate: `bench_loop --mode hal --seconds {secs} --work 8` \
              (host work between calls) under the agent; CPU = utime + stime of the agent's \
              process over the run (the self-metric `memscope_agent_cpu_seconds_total` counts \
-             from the agent's start). Target: under 5% of one CPU at 10^5 calls/s.\n"
+             from the agent's start). The agent is system-wide: on a shared machine it also \
+             receives other processes' events, so its CPU per event received is given too. \
+             Target: under 5% of one CPU at 10^5 calls/s.\n"
         )?;
         writeln!(
             md,
-            "| agent | traced calls/s | agent CPU s | % of one CPU | self-metric at the end |"
+            "| agent | traced calls/s | agent CPU s | % of one CPU | CPU us per event received | \
+             self-metric at the end |"
         )?;
-        writeln!(md, "|---|---:|---:|---:|---:|")?;
-        for (name, rate, cpu, wall, self_metric) in paced_rows {
+        writeln!(md, "|---|---:|---:|---:|---:|---:|")?;
+        for (name, rate, cpu, wall, self_metric, us_per_event) in paced_rows {
             writeln!(
                 md,
-                "| {name} | {rate:.0} | {cpu:.2} | {:.1}% | {self_metric:.2} s |",
+                "| {name} | {rate:.0} | {cpu:.2} | {:.1}% | {us_per_event:.2} | {self_metric:.2} s |",
                 100.0 * cpu / wall
             )?;
         }
