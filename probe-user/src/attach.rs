@@ -156,6 +156,10 @@ pub struct Planner {
     pub scope: Scope,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
     torch_npu_sites: HashMap<FileId, Result<torch_npu::ReportSite, String>>,
+    /// The node agent (which sees every exec on the host): the known-library searches made
+    /// already, by (mount namespace, directories), are not made again.
+    pub remember_searches: bool,
+    searched: HashSet<(PathBuf, Vec<PathBuf>)>,
 }
 
 impl Planner {
@@ -175,6 +179,8 @@ impl Planner {
             hold_at_python_exit: false,
             scope: Scope::AllProcesses,
             torch_npu_sites: HashMap::new(),
+            remember_searches: false,
+            searched: HashSet::new(),
         }
     }
 
@@ -342,6 +348,16 @@ impl Planner {
             if let Some(p) = self.ld_cache().get(name).cloned() {
                 dirs.push(p.parent().map(Path::to_path_buf).unwrap_or_default());
             }
+        }
+        // A library that appears later in a directory searched before is planned when opened.
+        if self.remember_searches
+            && let Some(ns) = env
+                .root
+                .as_ref()
+                .and_then(|r| fs::read_link(r.parent()?.join("ns/mnt")).ok())
+            && !self.searched.insert((ns, dirs.clone()))
+        {
+            return Ok(());
         }
         let mut seen_dirs = HashSet::new();
         for dir in dirs {

@@ -513,7 +513,15 @@ impl Session {
     /// are. Cheap when there is nothing to do (a map lookup, or reading /proc/PID/maps).
     /// `again`: look again in a process where none was found before (it may have loaded
     /// libpython since).
-    fn configure_python(&mut self, pid: u32, again: bool) {
+    fn configure_python(&mut self, pid: u32, mut again: bool) {
+        // The agent sees every exec and open on the node: only processes it picked up, and
+        // each once (an exec forgets what was found).
+        if self.cfg.observer.is_some() {
+            if again && !self.procs.contains_key(&pid) {
+                return;
+            }
+            again = false;
+        }
         if let Some(py) = &mut self.python {
             py.enable(&mut self.bpf, pid, again);
         }

@@ -115,6 +115,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     }
     let mut planner = Planner::new(opts.libs.clone());
     planner.scope = Scope::AllProcesses;
+    planner.remember_searches = true;
     planner.attach_explicit(&mut bpf)?;
 
     // Every process joins the traced set; the fork tracepoint adds their future children.
