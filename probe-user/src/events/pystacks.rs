@@ -688,7 +688,7 @@ impl PyStacks {
 
     /// [`configure`](Self::configure) and hand the result to BPF. `again`: look again in a
     /// process where no interpreter was found before (it may have loaded libpython since).
-    pub fn enable(&mut self, bpf: &mut crate::bpf::Bpf, pid: u32, again: bool) {
+    pub fn enable(&mut self, bpf: &mut crate::trace::bpf::Bpf, pid: u32, again: bool) {
         if self.is_known(pid) || (!again && self.was_looked_at(pid)) {
             return;
         }

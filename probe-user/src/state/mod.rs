@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use crate::atb::AtbOut;
-use crate::labels::{self, Labels, ThreadLabels};
+use crate::events::atb::AtbOut;
+use crate::events::labels::{self, Labels, ThreadLabels};
 
 use crate::{
     analysis::{
@@ -13,10 +13,10 @@ use crate::{
         steps::{Gaps, LiveBlock, StepLeaks},
     },
     cli::{DeviceFilter, EventSet},
-    decode::{Call, CallEvent},
-    hal::{self, AllocFlag, DEVICE_CPU, MemType, PageType},
+    events::decode::{Call, CallEvent},
+    events::hal::{self, AllocFlag, DEVICE_CPU, MemType, PageType},
+    events::pools::{PoolKind, Pools, RegionChange},
     output::{DeviceKey, Row, csv::quote_text},
-    pools::{PoolKind, Pools, RegionChange},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +170,7 @@ pub struct ProcessState {
     /// Start address -> key of the live ATB pool blocks.
     atb_by_addr: std::collections::BTreeMap<u64, u64>,
     /// ATB calls being put back together from their probes' events.
-    atb: crate::atb::AtbAssembler,
+    atb: crate::events::atb::AtbAssembler,
     /// Decompose labels pushed by each thread (`memscope-label-*` marks).
     thread_labels: HashMap<u32, ThreadLabels>,
     /// The operator an ATen access belongs to.
@@ -666,7 +666,8 @@ impl ProcessState {
                 if opts.write_op_launch
                     && let Some(device) = self.mstx_device(ev.tid, opts)
                 {
-                    let name = crate::aclnn::name(*op).unwrap_or_else(|| format!("aclnn#{op}"));
+                    let name =
+                        crate::events::aclnn::name(*op).unwrap_or_else(|| format!("aclnn#{op}"));
                     let mut attr =
                         format!("workspace_addr:0x{workspace:x},workspace_size:{workspace_size}");
                     if let Some(id) = self.workspace_block(*workspace) {
@@ -695,7 +696,7 @@ impl ProcessState {
                 }
             }
             Call::PtaUsage(u) => {
-                use crate::torch_npu::{Component, DataType};
+                use crate::trace::torch_npu::{Component, DataType};
                 let change = RegionChange {
                     pool: match u.component {
                         Component::CachingAllocator => PoolKind::PtaCaching,
@@ -1492,15 +1493,19 @@ fn add_owner(attr: &mut String, owner: &str) {
 }
 
 /// A kernel without a name: its handle (and tiling key) or its stub address.
-fn kernel_label(api: crate::probes::ProbeId, kernel: u64, tiling_key: Option<u64>) -> String {
+fn kernel_label(
+    api: crate::trace::probes::ProbeId,
+    kernel: u64,
+    tiling_key: Option<u64>,
+) -> String {
     match (
-        crate::probes::launch_args(api).map(|a| a.kernel),
+        crate::trace::probes::launch_args(api).map(|a| a.kernel),
         tiling_key,
     ) {
-        (Some(crate::probes::KernelRef::Handle), Some(t)) => {
+        (Some(crate::trace::probes::KernelRef::Handle), Some(t)) => {
             format!("handle_0x{kernel:x}_tiling_{t}")
         }
-        (Some(crate::probes::KernelRef::Handle), None) => format!("handle_0x{kernel:x}"),
+        (Some(crate::trace::probes::KernelRef::Handle), None) => format!("handle_0x{kernel:x}"),
         _ => format!("0x{kernel:x}"),
     }
 }
@@ -1531,7 +1536,7 @@ pub fn module_label(id: u32) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hal::DrvMemProp;
+    use crate::events::hal::DrvMemProp;
 
     fn opts() -> TrackOptions {
         TrackOptions {
@@ -2073,7 +2078,7 @@ mod tests {
             &o,
             None,
         );
-        let region = crate::decode::RegionDesc {
+        let region = crate::events::decode::RegionDesc {
             device: 0,
             ptr: 0x10,
             size: 1000,
@@ -2117,13 +2122,13 @@ mod tests {
         let mut o = opts();
         o.decompose = true;
         let mark = |text: &str| Call::Mark { text: text.into() };
-        let region = |ptr, size| crate::decode::RegionDesc {
+        let region = |ptr, size| crate::events::decode::RegionDesc {
             device: 0,
             ptr,
             size,
             handle: 0,
         };
-        let register = |r: Vec<crate::decode::RegionDesc>| Call::RegionsRegister {
+        let register = |r: Vec<crate::events::decode::RegionDesc>| Call::RegionsRegister {
             domain: 7,
             regions: r,
             first: 0,
@@ -2213,10 +2218,13 @@ mod tests {
             duration_ns,
         };
         let acl = launch(
-            crate::probes::ProbeId::AclrtLaunchKernelWithConfig,
+            crate::trace::probes::ProbeId::AclrtLaunchKernelWithConfig,
             Some(100),
         );
-        let rt = launch(crate::probes::ProbeId::RtKernelLaunchWithHandleV2, None);
+        let rt = launch(
+            crate::trace::probes::ProbeId::RtKernelLaunchWithHandleV2,
+            None,
+        );
         let mut rows = Vec::new();
         rows.extend(p.apply(&ev(1, acl.clone()), 1000, &o, None));
         // Inside the aclrt* call on its thread: its own runtime launch.
@@ -2241,7 +2249,7 @@ mod tests {
 
     #[test]
     fn atb_operators_and_accesses_feed_their_own_inefficient_analysis() {
-        use crate::decode::{AtbEvent, AtbTensor, RegionDesc, RegionRef};
+        use crate::events::decode::{AtbEvent, AtbTensor, RegionDesc, RegionRef};
         let mut p = ProcessState::new(100);
         let mut o = opts();
         o.dump.access = true;
@@ -2371,7 +2379,7 @@ mod tests {
         let mark = |p: &mut ProcessState, t: &str| {
             p.apply(&ev(1, Call::Mark { text: t.into() }), 1, &o, None)
         };
-        let region = |ptr, size| crate::decode::RegionDesc {
+        let region = |ptr, size| crate::events::decode::RegionDesc {
             device: 0,
             ptr,
             size,
@@ -2399,7 +2407,7 @@ mod tests {
                     1,
                     Call::RegionsUnregister {
                         domain: 7,
-                        refs: vec![crate::decode::RegionRef::Pointer(ptr)],
+                        refs: vec![crate::events::decode::RegionRef::Pointer(ptr)],
                         first: 0,
                         total: 1,
                     },

@@ -19,18 +19,19 @@ use tokio::{
 
 use crate::{
     analysis::leaks::{self, LeakCause, ProcessLeaks},
-    attach::Planner,
-    bpf::{Bpf, Counters},
     cli::DataFormat,
-    decode::{self, Decoded},
-    decode::{Call, CallEvent},
-    kernels::KernelNames,
-    launch, log,
+    events::decode::{self, Decoded},
+    events::decode::{Call, CallEvent},
+    events::kernels::KernelNames,
+    events::pystacks::{self, PyStack, PyStacks},
+    events::stacks::{self, StackResolver, StackSample},
+    log,
     output::{ProcessOutput, Row},
-    probes::{KernelRef, launch_args},
-    pystacks::{self, PyStack, PyStacks},
-    stacks::{self, StackResolver, StackSample},
-    tracker::{ProcessState, ProcessStats, TrackOptions},
+    state::{ProcessState, ProcessStats, TrackOptions},
+    trace::attach::Planner,
+    trace::bpf::{Bpf, Counters},
+    trace::launch,
+    trace::probes::{KernelRef, launch_args},
 };
 
 /// Events are held this long before being applied, so events from different CPUs (and a free

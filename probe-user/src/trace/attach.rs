@@ -21,11 +21,11 @@ use anyhow::Result;
 use memscope_symbols::{ElfObject, read_maps};
 
 use crate::{
-    aclnn,
-    bpf::{Bpf, Scope},
-    placement,
-    probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
-    torch_npu,
+    events::aclnn,
+    trace::bpf::{Bpf, Scope},
+    trace::placement,
+    trace::probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
+    trace::torch_npu,
 };
 
 const DEFAULT_DIRS: [&str; 8] = [

@@ -6,7 +6,7 @@ use probe_common::{
     BATCH_HEADER, BATCH_KIND, BATCH_WORDS, RAW_HEADER, RawEvent, event_flags, kind, packed,
 };
 
-use crate::{hal::DrvMemProp, probes::ProbeId};
+use crate::{events::hal::DrvMemProp, trace::probes::ProbeId};
 
 /// A probed vendor call, with what the probe captured.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +103,7 @@ pub enum Call {
         event: AtbEvent,
     },
     /// A block event of torch_npu's caching or workspace allocator (`torch_npu.rs`).
-    PtaUsage(crate::torch_npu::MemoryUsage),
+    PtaUsage(crate::trace::torch_npu::MemoryUsage),
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
     OpLaunch {
         op: u32,
@@ -156,7 +156,7 @@ pub struct AtbTensor {
 
 impl AtbTensor {
     fn from_bytes(b: &[u8]) -> Option<Self> {
-        use crate::probes::atb;
+        use crate::trace::probes::atb;
         let dims = (u64_at(b, atb::TENSOR_DIM_NUM)? as usize).min(atb::TENSOR_DIMS);
         Some(AtbTensor {
             addr: u64_at(b, atb::TENSOR_DEVICE_DATA)?,
@@ -538,11 +538,11 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 return None;
             }
             let layout = if id == ProbeId::PtaUsageOriginal {
-                crate::torch_npu::UsageLayout::Original
+                crate::trace::torch_npu::UsageLayout::Original
             } else {
-                crate::torch_npu::UsageLayout::WithComponent
+                crate::trace::torch_npu::UsageLayout::WithComponent
             };
-            let usage = crate::torch_npu::MemoryUsage::decode(layout, raw.data())?;
+            let usage = crate::trace::torch_npu::MemoryUsage::decode(layout, raw.data())?;
             (Call::PtaUsage(usage), raw.ts_ns)
         }
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
@@ -561,14 +561,14 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
         | ProbeId::AclrtLaunchKernelWithHostArgs
         | ProbeId::AclrtLaunchKernelImpl
         | ProbeId::AclrtLaunchKernelV2Impl => {
-            let a = crate::probes::launch_args(id)?;
+            let a = crate::trace::probes::launch_args(id)?;
             (
                 Call::KernelLaunch {
                     api: id,
                     kernel: raw.args[a.kernel_arg],
                     tiling_key: (id == ProbeId::RtKernelLaunchWithHandleV2).then_some(raw.args[1]),
                     stream: raw.args[a.stream_arg],
-                    name: (a.kernel == crate::probes::KernelRef::Name).then(text),
+                    name: (a.kernel == crate::trace::probes::KernelRef::Name).then(text),
                     duration_ns: has_ret.then(|| raw.ret_ts_ns.saturating_sub(raw.ts_ns)),
                 },
                 raw.ts_ns,
@@ -577,7 +577,7 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
         // Batches arrive as CHUNK events; a CALL record of these is never emitted.
         ProbeId::MstxMemRegionsRegister | ProbeId::MstxMemRegionsUnregister => return None,
         _ => {
-            use crate::probes::{AtbPart, atb, atb_part};
+            use crate::trace::probes::{AtbPart, atb, atb_part};
             let string = || indirect_string(raw, id);
             let (object, pack) = (raw.args[0], raw.args[1]);
             let (object, event, ts) = match atb_part(id)? {
@@ -628,7 +628,9 @@ fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
 }
 
 fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
-    use crate::probes::{RANGE_DESC_SIZE, REFS_PER_CHUNK, REGION_HANDLES_BASE, REGION_REF_SIZE};
+    use crate::trace::probes::{
+        RANGE_DESC_SIZE, REFS_PER_CHUNK, REGION_HANDLES_BASE, REGION_REF_SIZE,
+    };
     if raw.flags & event_flags::DATA_FAULT != 0 {
         return None;
     }
@@ -637,7 +639,7 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
     let (call, ts) = match ProbeId::from_raw(raw.probe)? {
         ProbeId::MstxMemRegionsRegister => {
             let has_handles = raw.flags & event_flags::DEREF_FAULT == 0;
-            let regions = (0..n.min(crate::probes::REGIONS_PER_CHUNK as usize))
+            let regions = (0..n.min(crate::trace::probes::REGIONS_PER_CHUNK as usize))
                 .filter_map(|i| {
                     let mut r = range_desc(&data[i * RANGE_DESC_SIZE as usize..])?;
                     if has_handles {
@@ -678,14 +680,14 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
             )
         }
         id => {
-            let part = crate::probes::atb_part(id)?;
-            let n = n.min(crate::probes::atb::TENSORS_PER_CHUNK as usize);
-            let size = crate::probes::atb::TENSOR_SIZE as usize;
+            let part = crate::trace::probes::atb_part(id)?;
+            let n = n.min(crate::trace::probes::atb::TENSORS_PER_CHUNK as usize);
+            let size = crate::trace::probes::atb::TENSOR_SIZE as usize;
             let tensors = (0..n)
                 .filter_map(|i| AtbTensor::from_bytes(data.get(i * size..(i + 1) * size)?))
                 .collect();
             match part {
-                crate::probes::AtbPart::Tensors { output, after } => (
+                crate::trace::probes::AtbPart::Tensors { output, after } => (
                     Call::Atb {
                         object: raw.args[0],
                         pack: raw.args[1],
@@ -698,7 +700,7 @@ fn decode_chunk(raw: &RawEvent) -> Option<CallEvent> {
                     },
                     if after { raw.ret_ts_ns } else { raw.ts_ns },
                 ),
-                crate::probes::AtbPart::KernelTensors { output } => (
+                crate::trace::probes::AtbPart::KernelTensors { output } => (
                     Call::Atb {
                         object: raw.args[1],
                         pack: 0,
@@ -728,14 +730,17 @@ fn indirect_string(raw: &RawEvent, id: ProbeId) -> Option<String> {
     if raw.flags & event_flags::DATA_FAULT != 0 {
         return None;
     }
-    let spec = crate::probes::PROBES.iter().find(|p| p.id == id)?.spec;
+    let spec = crate::trace::probes::PROBES
+        .iter()
+        .find(|p| p.id == id)?
+        .spec;
     let s = raw.data().get(spec.data_len as usize..)?;
     let s = s.split(|b| *b == 0).next().unwrap_or(s);
     Some(String::from_utf8_lossy(s).into_owned())
 }
 
 fn id_wants_return(id: ProbeId) -> bool {
-    crate::probes::PROBES
+    crate::trace::probes::PROBES
         .iter()
         .find(|p| p.id == id)
         .is_some_and(|p| p.wants_return())
@@ -764,7 +769,7 @@ mod tests {
     fn one_clock_read_probes_are_dated_at_the_end_they_read() {
         use probe_common::spec_flags as sf;
         let mut checked = 0;
-        for def in crate::probes::PROBES.iter() {
+        for def in crate::trace::probes::PROBES.iter() {
             let flags = def.spec.flags;
             let expect = if flags & sf::TIME_AT_ENTRY != 0 {
                 100
@@ -890,7 +895,7 @@ mod tests {
 
     #[test]
     fn batched_calls_keep_every_argument_decode_reads() {
-        use crate::probes::PROBES;
+        use crate::trace::probes::PROBES;
         let mut narrowed = 0;
         for def in PROBES
             .iter()
