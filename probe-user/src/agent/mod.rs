@@ -31,13 +31,13 @@ use std::{ffi::OsString, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    attach::Planner,
-    bpf::{self, Scope},
     cli::{DeviceFilter, EventSet},
     log,
     session::{Session, SessionConfig},
-    tracefs,
-    tracker::{StepFilter, TrackOptions},
+    state::{StepFilter, TrackOptions},
+    trace::attach::Planner,
+    trace::bpf::{self, Scope},
+    trace::tracefs,
 };
 
 use options::AgentOptions;
@@ -181,7 +181,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
         leaks: false,
         child: None,
         stack_depth,
-        python: python_depth.map(crate::pystacks::PyStacks::new),
+        python: python_depth.map(crate::events::pystacks::PyStacks::new),
         mixed: python_depth.is_some(),
         rotate: None,
         observer: Some(Box::new(observer)),

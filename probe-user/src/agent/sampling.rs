@@ -18,7 +18,7 @@ use probe_common::sampling::{
     MAX_MEAN_BYTES, SAMPLING_MEAN, SAMPLING_ON, SIZE_ALWAYS, SIZE_ARG, SIZE_DATA_I64, SIZE_NONE,
 };
 
-use crate::{bpf::Bpf, probes::ProbeId};
+use crate::trace::{bpf::Bpf, probes::ProbeId};
 
 /// Where each allocating probe's size is, for the BPF side. Every other probe gets no stack.
 fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 5] {
