@@ -28,6 +28,7 @@ USAGE:
     (Unlike msMemScope, options written after the program name are never consumed.)
     Tracing needs root, or CAP_BPF + CAP_PERFMON. Press Ctrl-C to detach: everything
     collected so far is written out. List values are comma separated (',' or '，').
+    'memscope-bpf analyze --help', 'report --help' and 'agent --help' list their options.
 
 {all-args}{after-help}";
 
