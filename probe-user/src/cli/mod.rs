@@ -340,7 +340,14 @@ pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
             )
         }
         ErrorKind::TooManyValues => format!("option '{arg}' takes no value"),
-        ErrorKind::UnknownArgument => unknown_argument(arg, mode, argv),
+        ErrorKind::UnknownArgument => {
+            // clap's suggestion for a near miss: "--event" gets "did you mean '--events'?".
+            let hint = match text(ContextKind::SuggestedArg) {
+                near if near.starts_with('-') => format!("did you mean '{near}'? "),
+                _ => String::new(),
+            };
+            unknown_argument(arg, mode, argv).replace("(see '", &format!("({hint}see '"))
+        }
         _ => {
             let rendered = e.to_string();
             let first = rendered.lines().next().unwrap_or_default();

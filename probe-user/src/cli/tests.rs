@@ -693,6 +693,25 @@ fn unknown_options() {
 }
 
 #[test]
+fn clap_wording() {
+    // An empty value of a fixed-choice option is invalid, not missing.
+    launch_err(
+        &["--format="],
+        &["invalid --format value '': expected csv or db"],
+    );
+    launch_err(&["--collect-mode", ""], &["expected immediate or deferred"]);
+    // A near miss gets clap's suggestion.
+    usage_err(
+        &["--event=alloc", "true"],
+        &["unrecognized option '--event'", "did you mean '--events'?"],
+    );
+    // A short option written with '=' takes what follows it, as in clap.
+    let t = TempDir::new();
+    let d = t.path("eq");
+    assert_eq!(launch(&[&format!("-o={d}")]).output_dir, PathBuf::from(&d));
+}
+
+#[test]
 fn option_value_forms() {
     let t = TempDir::new();
     let d = t.path("out");

@@ -78,6 +78,15 @@ fn utf8<'a>(opt: &str, v: &'a OsStr) -> Result<&'a str, CliError> {
     })
 }
 
+/// The tokens of a list value; an empty list is an error that says `if_empty`.
+fn list<'a>(opt: &str, v: &'a OsStr, if_empty: &str) -> Result<Vec<&'a str>, CliError> {
+    let tokens = split_list(utf8(opt, v)?);
+    match tokens.is_empty() {
+        true => Err(invalid(opt, &v.to_string_lossy(), if_empty)),
+        false => Ok(tokens),
+    }
+}
+
 /// Split a list value on ASCII ',' and full-width '，' (U+FF0C), skipping empty tokens.
 pub fn split_list(value: &str) -> Vec<&str> {
     value
@@ -395,13 +404,9 @@ pub fn pid(opt: &str, v: &OsStr) -> Result<u32, CliError> {
 
 /// `--events`: a list of event kinds; `none` clears, `traceback` is accepted and ignored.
 pub fn events(opt: &str, v: &OsStr) -> Result<Warned<EventSet>, CliError> {
-    let v = utf8(opt, v)?;
-    let tokens = split_list(v);
-    if tokens.is_empty() {
-        let what = "expected a list of alloc, free, launch, access, traceback or none \
-                    (use 'none' for no events)";
-        return Err(invalid(opt, v, what));
-    }
+    let what = "expected a list of alloc, free, launch, access, traceback or none \
+                (use 'none' for no events)";
+    let tokens = list(opt, v, what)?;
     let (mut set, mut warnings) = (EventSet::NONE, Vec::new());
     for t in &tokens {
         match *t {
@@ -437,12 +442,8 @@ pub fn events(opt: &str, v: &OsStr) -> Result<Warned<EventSet>, CliError> {
 
 /// `--level`: op and/or kernel; msMemScope's numbers 0 and 1 with a deprecation notice.
 pub fn levels(opt: &str, v: &OsStr) -> Result<Warned<Levels>, CliError> {
-    let v = utf8(opt, v)?;
-    let tokens = split_list(v);
-    if tokens.is_empty() {
-        let what = "invalid data trace level, expected op, kernel or op,kernel";
-        return Err(invalid(opt, v, what));
-    }
+    let what = "invalid data trace level, expected op, kernel or op,kernel";
+    let tokens = list(opt, v, what)?;
     let mut levels = Levels {
         op: false,
         kernel: false,
@@ -479,12 +480,7 @@ pub fn deprecated(old: &str, new: &str) -> String {
 pub fn analysis(opt: &str, v: &OsStr) -> Result<Warned<AnalysisSet>, CliError> {
     const EXPECTED: &str = "invalid analysis type, expected a list of leaks, decompose, \
                             inefficient, oom[:K] or none";
-    let v = utf8(opt, v)?;
-    let tokens = split_list(v);
-    if tokens.is_empty() {
-        let what = format!("{EXPECTED} (use 'none' for no analysis)");
-        return Err(invalid(opt, v, &what));
-    }
+    let tokens = list(opt, v, &format!("{EXPECTED} (use 'none' for no analysis)"))?;
     let mut set = AnalysisSet::default();
     for t in &tokens {
         match *t {
@@ -535,15 +531,14 @@ pub fn log_level(opt: &str, v: &OsStr) -> Result<Warned<LogLevel>, CliError> {
 }
 
 pub fn steps(opt: &str, v: &OsStr) -> Result<List<u32>, CliError> {
-    let v = utf8(opt, v)?;
-    let tokens = split_list(v);
-    if tokens.is_empty() {
-        let what = "invalid steps, expected a list of step numbers >= 1";
-        return Err(invalid(opt, v, what));
-    }
+    let tokens = list(
+        opt,
+        v,
+        "invalid steps, expected a list of step numbers >= 1",
+    )?;
     if tokens.len() > MAX_STEPS {
         let what = format!("invalid steps, at most {MAX_STEPS} steps may be given");
-        return Err(invalid(opt, v, &what));
+        return Err(invalid(opt, &v.to_string_lossy(), &what));
     }
     let step = |t| {
         parse_decimal(t, false).ok_or_else(|| {
@@ -594,23 +589,14 @@ pub fn call_stack(opt: &str, v: &OsStr) -> Result<CallStack, CliError> {
     Ok(cs)
 }
 
-pub fn devices(opt: &str, v: &OsStr) -> Result<DeviceFilter, CliError> {
+pub fn devices(opt: &str, raw: &OsStr) -> Result<DeviceFilter, CliError> {
     const EXPECTED: &str = "expected npu, cpu or npu:N with N < 32";
-    let v = utf8(opt, v)?;
     let mut d = DeviceFilter {
         all_npu: false,
         npu_mask: 0,
         cpu: false,
     };
-    let tokens = split_list(v);
-    if tokens.is_empty() {
-        return Err(invalid(
-            opt,
-            v,
-            &format!("{EXPECTED} (at least one device)"),
-        ));
-    }
-    for t in tokens {
+    for t in list(opt, raw, &format!("{EXPECTED} (at least one device)"))? {
         match t {
             "npu" => d.all_npu = true,
             "cpu" => d.cpu = true,
