@@ -60,6 +60,7 @@ fn pretty(v: &Value) -> String {
 
 /// A JSON string literal, escaped as nlohmann::json does (`\b \f \n \r \t`, other controls as
 /// `\u00XX`, everything else as is).
+#[cfg(test)]
 pub fn json_escape(s: &str, out: &mut String) {
     out.push_str(&serde_json::to_string(s).expect("a string always serializes"));
 }

@@ -13,9 +13,6 @@
 //! the caller prints the message on stdout and exits 0; every usage error has `exit_code` 2.
 //! Uses only `crate::report`'s request types.
 
-// The public API is wider than what any one caller uses (bitfield helpers, constants, ...).
-#![allow(dead_code)]
-
 mod args;
 mod config;
 #[cfg(test)]

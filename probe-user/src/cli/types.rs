@@ -98,11 +98,6 @@ impl EventSet {
             | (u8::from(self.access) << 3)
     }
 
-    /// True when no event kind is selected.
-    pub fn is_empty(&self) -> bool {
-        self.bits() == 0
-    }
-
     /// Union of two sets.
     pub fn union(self, other: EventSet) -> EventSet {
         EventSet {
@@ -262,12 +257,9 @@ pub enum CollectMode {
 }
 
 impl CollectMode {
-    /// config.json `collectMode` value.
+    /// config.json value: the declaration order is msMemScope's numbering.
     pub fn config_value(self) -> u8 {
-        match self {
-            CollectMode::Immediate => 0,
-            CollectMode::Deferred => 1,
-        }
+        self as u8
     }
 }
 
@@ -280,12 +272,9 @@ pub enum DataFormat {
 }
 
 impl DataFormat {
-    /// config.json `dataFormat` value.
+    /// config.json value: the declaration order is msMemScope's numbering.
     pub fn config_value(self) -> u8 {
-        match self {
-            DataFormat::Csv => 0,
-            DataFormat::Db => 1,
-        }
+        self as u8
     }
 }
 
@@ -300,24 +289,9 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
-    /// config.json `logLevel` value.
+    /// config.json value: the declaration order is msMemScope's numbering.
     pub fn config_value(self) -> u8 {
-        match self {
-            LogLevel::Debug => 0,
-            LogLevel::Info => 1,
-            LogLevel::Warning => 2,
-            LogLevel::Error => 3,
-        }
-    }
-
-    /// Lower-case name as accepted by `--log-level`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Debug => "debug",
-            LogLevel::Info => "info",
-            LogLevel::Warning => "warning",
-            LogLevel::Error => "error",
-        }
+        self as u8
     }
 }
 
