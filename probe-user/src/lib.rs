@@ -16,5 +16,6 @@ pub mod offline;
 pub mod output;
 pub mod report;
 pub mod session;
+pub mod settings;
 pub mod state;
 pub mod trace;

@@ -7,9 +7,10 @@ use anyhow::{Context, Result, bail};
 
 use memscope_bpf::{
     analysis, cli,
-    cli::{DataFormat, Mode, Options},
+    cli::{Mode, Options},
     log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
+    settings::DataFormat,
     state::{StepFilter, TrackOptions},
     trace::attach,
     trace::attach::{Planner, TargetEnv},
@@ -255,7 +256,7 @@ fn run(opts: Options) -> Result<u8> {
 
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),
-        config_json: cli::config_json(&opts),
+        config_json: memscope_bpf::output::config_json::config_json(&opts),
         format: opts.format,
         track: TrackOptions {
             dump: opts.dump_events,

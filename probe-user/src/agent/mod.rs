@@ -31,9 +31,9 @@ use std::{ffi::OsString, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::{DeviceFilter, EventSet},
     log,
     session::{Session, SessionConfig},
+    settings::{DeviceFilter, EventSet},
     state::{StepFilter, TrackOptions},
     trace::attach::Planner,
     trace::bpf::{self, Scope},
@@ -148,7 +148,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     let cfg = SessionConfig {
         output_dir: std::env::temp_dir(),
         config_json: String::new(),
-        format: crate::cli::DataFormat::Csv,
+        format: crate::settings::DataFormat::Csv,
         track: TrackOptions {
             dump: EventSet {
                 alloc: true,

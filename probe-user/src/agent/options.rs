@@ -5,7 +5,8 @@ use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use crate::cli::{CliError, LogLevel};
+use crate::cli::CliError;
+use crate::settings::LogLevel;
 
 const ENDPOINTS: &str = "\
 ENDPOINTS:

@@ -7,8 +7,8 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 
 use super::values::{self as v, Check, List, Warned};
 use super::{AnalysisSet, CallStack, CollectMode, DataFormat, DeviceFilter, EventSet, Levels};
-use super::{LogLevel, MAX_NPU_SLOTS};
 use crate::report::{At, Formats};
+use crate::settings::{LogLevel, MAX_NPU_SLOTS};
 
 const HELP: &str = "\
 {name} {version} - trace the NPU memory of an unmodified process with eBPF uprobes,

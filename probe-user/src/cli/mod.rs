@@ -14,7 +14,6 @@
 //! Uses only `crate::report`'s request types.
 
 mod args;
-mod config;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -27,14 +26,14 @@ use std::path::{Path, PathBuf};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, FromArgMatches};
 
+use crate::settings::*;
 use args::{Cli, Sub};
-pub use config::config_json;
 pub use types::*;
 use values::{List, Warned, shown, shown_os};
 pub use values::{lexical_absolute, parse_watch, split_list};
 #[cfg(test)]
 use {
-    config::json_escape,
+    crate::output::config_json::{config_json, json_escape},
     values::{check_output_dir, parse_c_number, parse_decimal, split_list_os},
 };
 

@@ -10,6 +10,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 use super::*;
 use crate::report::{At, Formats};
+use crate::settings::*;
 
 /// A clap value parser made of a plain function of (option name, raw value).
 #[derive(Clone, Copy)]

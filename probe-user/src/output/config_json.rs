@@ -2,7 +2,8 @@
 
 use serde_json::{Value, json};
 
-use super::{DEFAULT_OOM_TOP_K, MAX_STEPS, Mode, Options, WATCH_NO_OUTPUT_ID};
+use crate::cli::{MAX_STEPS, Mode, Options};
+use crate::settings::{DEFAULT_OOM_TOP_K, WATCH_NO_OUTPUT_ID};
 
 /// The msMemScope `config.json` for these options, laid out like nlohmann::json's `dump(4)`:
 /// keys sorted (serde_json's map is ordered), 4-space indent, no trailing newline.
