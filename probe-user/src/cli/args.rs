@@ -5,10 +5,10 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use super::values::{self as v, Check, List, Warned};
-use super::{AnalysisSet, CallStack, CollectMode, DataFormat, DeviceFilter, EventSet, Levels};
+use super::Mode;
+use super::values::{self as v, Check, List};
 use crate::report::{At, Formats};
-use crate::settings::{LogLevel, MAX_NPU_SLOTS};
+use crate::settings::*;
 
 const HELP: &str = "\
 {name} {version} - trace the NPU memory of an unmodified process with eBPF uprobes,
@@ -68,6 +68,7 @@ EXAMPLES:
 
 /// The whole command line. `analyze` and `report` are subcommands only as the first argument
 /// (`args_conflicts_with_subcommands`): after an option, a word is the program to launch.
+/// The options that pick the mode are here; those the run consumes are [`Options`]' own fields.
 #[derive(Parser, Debug)]
 #[command(
     name = "memscope-bpf",
@@ -84,23 +85,7 @@ EXAMPLES:
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Sub>,
-    #[command(flatten)]
-    pub trace: TraceArgs,
-}
 
-#[derive(Subcommand, Debug)]
-pub enum Sub {
-    /// Leak analysis, sites and timeline of a saved dump ('-- analyze' runs a program)
-    #[command(after_help = "Only these options apply.", args_override_self = true)]
-    Analyze(AnalyzeArgs),
-    /// HTML report (and Perfetto, folded, speedscope files) of a run, or of two compared
-    #[command(args_override_self = true)]
-    Report(ReportArgs),
-}
-
-/// Tracing (launch or attach) and `--compare`.
-#[derive(Args, Debug, Default)]
-pub struct TraceArgs {
     /// Attach to the running process PID instead of launching one
     #[arg(long, value_name = "PID", help_heading = "TARGET SELECTION", value_parser = Check(v::pid))]
     pub pid: Option<u32>,
@@ -111,130 +96,24 @@ pub struct TraceArgs {
 
     /// The two dump files to compare (regular files, not symlinks,
     /// at most 8 GiB each); dumps are CSV or db files, ours or msMemScope's
-    #[arg(short, long, value_name = "A>,<B", help_heading = "TARGET SELECTION",
+    #[arg(short, long, alias = "input", value_name = "A>,<B", help_heading = "TARGET SELECTION",
         value_parser = Check(v::compare_inputs), verbatim_doc_comment)]
     pub input_path: Option<[PathBuf; 2]>,
-    /// Deprecated spelling of --input-path
-    #[arg(long, hide = true, overrides_with = "input_path", value_parser = Check(v::compare_inputs))]
-    pub input: Option<[PathBuf; 2]>,
 
-    /// Library to attach the uprobes to, e.g. the driver's
-    /// libascend_hal.so (repeatable)
-    #[arg(long, value_name = "PATH", help_heading = "TARGET SELECTION",
-        value_parser = Check(v::lib), verbatim_doc_comment)]
-    pub lib: Vec<PathBuf>,
+    #[command(flatten)]
+    pub opts: Options,
 
-    /// Rotate dumps: start a new CSV file once one passes MIB MiB
-    /// (1..=1048576), each a complete dump with its header
-    /// [default: one file per device, no limit]
-    #[arg(long, value_name = "MIB", help_heading = "TARGET SELECTION",
-        value_parser = Check(v::max_file_mib), verbatim_doc_comment)]
-    pub max_file_mib: Option<u32>,
-
-    /// With --max-file-mib: keep at most N dump files per device
-    /// (1..=10000), deleting the oldest [default: keep all]
-    #[arg(long, value_name = "N", help_heading = "TARGET SELECTION",
-        value_parser = Check(v::max_files), verbatim_doc_comment)]
-    pub max_files: Option<u32>,
-
-    /// Under sudo, run the program as root; without it the program
-    /// runs as the user who ran sudo (SUDO_UID, SUDO_GID and that
-    /// user's groups) and the results belong to that user
-    #[arg(long, help_heading = "TARGET SELECTION", verbatim_doc_comment)]
-    pub as_root: bool,
-
-    /// alloc | free | launch | access | none
-    /// [default: alloc,free,launch]; alloc and free are always
-    /// collected together, access implies both ('traceback' is
-    /// accepted for compatibility and ignored)
-    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT",
-        value_parser = Check(v::events), verbatim_doc_comment)]
-    pub events: Option<Warned<EventSet>>,
-
-    /// op | kernel [default: op] (deprecated: 0 = op, 1 = kernel)
-    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT", value_parser = Check(v::levels))]
-    pub level: Option<Warned<Levels>>,
-
-    /// npu | npu:N (N < 32) | cpu [default: npu, i.e. every NPU]
-    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT", value_parser = Check(v::devices))]
-    pub device: Option<DeviceFilter>,
+    /// Output directory [default: ./memscopeDumpResults]
+    /// [alias: --output, deprecated]
+    #[arg(short, long, alias = "output", value_name = "DIR", help_heading = "OUTPUT",
+        value_parser = Check(v::output_dir), verbatim_doc_comment)]
+    pub output_path: Option<PathBuf>,
 
     /// Keep only events inside these mstx steps (integers >= 1,
     /// at most 5); turns leak analysis off
     #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT",
         value_parser = Check(v::steps), verbatim_doc_comment)]
     pub steps: Option<List<u32>>,
-
-    /// c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
-    /// an empty value disables stacks [default: no stacks];
-    /// python: CPython 3.11-3.13 frames read from outside the
-    /// process (Call Stack(Python) column); mixed: c and python,
-    /// with the Python frames in the C column in place of the
-    /// interpreter loop (_PyEval_EvalFrameDefault) running them
-    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT",
-        value_parser = Check(v::call_stack), verbatim_doc_comment)]
-    pub call_stack: Option<CallStack>,
-
-    /// immediate | deferred [default: immediate]
-    #[arg(
-        long,
-        value_name = "MODE",
-        help_heading = "WHAT TO COLLECT",
-        hide_possible_values = true
-    )]
-    pub collect_mode: Option<CollectMode>,
-
-    /// [START[:OUTID]],END[,full-content]: watch the outputs of
-    /// op START until op END (the comma before END is required)
-    #[arg(long, value_name = "SPEC", help_heading = "WHAT TO COLLECT",
-        value_parser = Check(v::watch), verbatim_doc_comment)]
-    pub watch: Option<String>,
-
-    /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
-    #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT", value_parser = Check(v::ring_buffer_mib))]
-    pub ring_buffer_mib: Option<u32>,
-
-    /// leaks | decompose | inefficient | oom[:K] | none
-    /// [default: leaks]; K is 1..=1000 [default: 10]. Analyses add
-    /// the events they need to the collection without writing them
-    /// leaks: blocks never freed, per process and per mstx step
-    /// decompose: bytes per owner (CANN@module, PTA, ATB, ... plus
-    ///   labels a program sends as memscope-label-push/pop marks;
-    ///   python/memscope_labels.py does it from Python)
-    /// inefficient: early_allocation, late_deallocation and
-    ///   temporary_idleness of PTA and ATB pool blocks
-    /// oom: on an out-of-memory failure, the K newest and K largest
-    ///   live blocks with their stacks
-    #[arg(long, value_name = "LIST", help_heading = "ANALYSIS",
-        value_parser = Check(v::analysis), verbatim_doc_comment)]
-    pub analysis: Option<Warned<AnalysisSet>>,
-
-    /// Output directory [default: ./memscopeDumpResults]
-    /// [alias: --output, deprecated]
-    #[arg(short, long, value_name = "DIR", help_heading = "OUTPUT",
-        value_parser = Check(v::output_dir), verbatim_doc_comment)]
-    pub output_path: Option<PathBuf>,
-    /// Deprecated spelling of --output-path
-    #[arg(long, hide = true, overrides_with = "output_path", value_parser = Check(v::output_dir))]
-    pub output: Option<PathBuf>,
-
-    /// csv | db [default: csv] [alias: --data-format, deprecated]
-    #[arg(
-        long,
-        value_name = "FORMAT",
-        help_heading = "OUTPUT",
-        hide_possible_values = true
-    )]
-    pub format: Option<DataFormat>,
-    /// Deprecated spelling of --format
-    #[arg(long, hide = true, overrides_with = "format")]
-    pub data_format: Option<DataFormat>,
-
-    /// At the end, also write the HTML report of the run
-    /// [default FILE: report.html in the process's directory]
-    #[arg(long, value_name = "FILE", help_heading = "OUTPUT", require_equals = true,
-        value_parser = Check(v::output_file), verbatim_doc_comment)]
-    pub report: Option<Option<PathBuf>>,
 
     #[command(flatten)]
     pub log: LogArgs,
@@ -248,12 +127,151 @@ pub struct TraceArgs {
     pub program: Vec<OsString>,
 }
 
+/// Everything the command line asked for, validated: clap fills each option field through its
+/// value parser (adding an option is adding a field here); `parse_from` fills the `skip` ones.
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    #[arg(skip = Mode::Attach { pid: 0 })]
+    pub mode: Mode,
+    /// Absolute output directory ("." and ".." resolved lexically; need not exist yet).
+    #[arg(skip)]
+    pub output_dir: PathBuf,
+    /// Events to collect: `dump_events` plus the implied rules from events and analyses.
+    #[arg(skip)]
+    pub events: EventSet,
+    /// `--steps`: only events inside these mstx steps are kept (empty = all).
+    #[arg(skip)]
+    pub steps: Vec<u32>,
+    #[arg(skip)]
+    pub log_level: LogLevel,
+    /// Deprecation notices and other warnings for the caller to print on stderr.
+    #[arg(skip)]
+    pub warnings: Vec<String>,
+    /// `analyze --by-site/--by-stack/--at/--timeline`.
+    #[arg(skip)]
+    pub sites: crate::report::SitesRequest,
+
+    /// Library to attach the uprobes to, e.g. the driver's
+    /// libascend_hal.so (repeatable)
+    #[arg(long = "lib", value_name = "PATH", help_heading = "TARGET SELECTION",
+        value_parser = Check(v::lib), verbatim_doc_comment)]
+    pub libs: Vec<PathBuf>,
+
+    /// Rotate dumps: start a new CSV file once one passes MIB MiB
+    /// (1..=1048576), each a complete dump with its header
+    /// [default: one file per device, no limit]
+    #[arg(long, value_name = "MIB", help_heading = "TARGET SELECTION", verbatim_doc_comment,
+        value_parser = Check(|o, v| v::count(o, v, 1..=1 << 20, "expected MiB from 1 to 1048576")))]
+    pub max_file_mib: Option<u32>,
+
+    /// With --max-file-mib: keep at most N dump files per device
+    /// (1..=10000), deleting the oldest [default: keep all]
+    #[arg(long, value_name = "N", help_heading = "TARGET SELECTION", verbatim_doc_comment,
+        value_parser = Check(|o, v| v::count(o, v, 1..=10_000, "expected a count from 1 to 10000")))]
+    pub max_files: Option<u32>,
+
+    /// Under sudo, run the program as root; without it the program
+    /// runs as the user who ran sudo (SUDO_UID, SUDO_GID and that
+    /// user's groups) and the results belong to that user
+    #[arg(long, help_heading = "TARGET SELECTION", verbatim_doc_comment)]
+    pub as_root: bool,
+
+    /// alloc | free | launch | access | none
+    /// [default: alloc,free,launch]; alloc and free are always
+    /// collected together, access implies both ('traceback' is
+    /// accepted for compatibility and ignored)
+    #[arg(long = "events", value_name = "LIST", help_heading = "WHAT TO COLLECT",
+        default_value = "alloc,free,launch", value_parser = Check(v::events), verbatim_doc_comment)]
+    pub dump_events: EventSet,
+
+    /// op | kernel [default: op] (deprecated: 0 = op, 1 = kernel)
+    #[arg(long = "level", value_name = "LIST", help_heading = "WHAT TO COLLECT",
+        default_value = "op", value_parser = Check(v::levels))]
+    pub levels: Levels,
+
+    /// npu | npu:N (N < 32) | cpu [default: npu, i.e. every NPU]
+    #[arg(long = "device", value_name = "LIST", help_heading = "WHAT TO COLLECT",
+        default_value = "npu", value_parser = Check(v::devices))]
+    pub devices: DeviceFilter,
+
+    /// c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
+    /// an empty value disables stacks [default: no stacks];
+    /// python: CPython 3.11-3.13 frames read from outside the
+    /// process (Call Stack(Python) column); mixed: c and python,
+    /// with the Python frames in the C column in place of the
+    /// interpreter loop (_PyEval_EvalFrameDefault) running them
+    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT", default_value = "",
+        value_parser = Check(v::call_stack), verbatim_doc_comment)]
+    pub call_stack: CallStack,
+
+    /// immediate | deferred [default: immediate]
+    #[arg(
+        long,
+        value_name = "MODE",
+        help_heading = "WHAT TO COLLECT",
+        default_value = "immediate"
+    )]
+    pub collect_mode: CollectMode,
+
+    /// [START[:OUTID]],END[,full-content]: watch the outputs of
+    /// op START until op END (the comma before END is required)
+    #[arg(long, value_name = "SPEC", help_heading = "WHAT TO COLLECT",
+        value_parser = Check(v::watch), verbatim_doc_comment)]
+    pub watch: Option<String>,
+
+    /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
+    #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT", default_value = "64",
+        value_parser = Check(v::ring_buffer_mib))]
+    pub ring_buffer_mib: u32,
+
+    /// leaks | decompose | inefficient | oom[:K] | none
+    /// [default: leaks]; K is 1..=1000 [default: 10]. Analyses add
+    /// the events they need to the collection without writing them
+    /// leaks: blocks never freed, per process and per mstx step
+    /// decompose: bytes per owner (CANN@module, PTA, ATB, ... plus
+    ///   labels a program sends as memscope-label-push/pop marks;
+    ///   python/memscope_labels.py does it from Python)
+    /// inefficient: early_allocation, late_deallocation and
+    ///   temporary_idleness of PTA and ATB pool blocks
+    /// oom: on an out-of-memory failure, the K newest and K largest
+    ///   live blocks with their stacks
+    #[arg(long, value_name = "LIST", help_heading = "ANALYSIS", default_value = "leaks",
+        value_parser = Check(v::analysis), verbatim_doc_comment)]
+    pub analysis: AnalysisSet,
+
+    /// csv | db [default: csv] [alias: --data-format, deprecated]
+    #[arg(
+        long,
+        alias = "data-format",
+        value_name = "FORMAT",
+        help_heading = "OUTPUT",
+        default_value = "csv"
+    )]
+    pub format: DataFormat,
+
+    /// At the end, also write the HTML report of the run
+    /// [default FILE: report.html in the process's directory]
+    #[arg(long = "report", value_name = "FILE", help_heading = "OUTPUT", require_equals = true,
+        value_parser = Check(v::output_file), verbatim_doc_comment)]
+    pub report_at_end: Option<Option<PathBuf>>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Sub {
+    /// Leak analysis, sites and timeline of a saved dump ('-- analyze' runs a program)
+    #[command(after_help = "Only these options apply.", args_override_self = true)]
+    Analyze(AnalyzeArgs),
+    /// HTML report (and Perfetto, folded, speedscope files) of a run, or of two compared
+    #[command(args_override_self = true)]
+    Report(ReportArgs),
+}
+
 /// `--log-level`, `-v`, `-q`: every mode has them.
 #[derive(Args, Debug, Default)]
 pub struct LogArgs {
     /// debug | info | warning | error [default: info]
     #[arg(long, value_name = "LEVEL", help_heading = "MISC", value_parser = Check(v::log_level))]
-    pub log_level: Option<Warned<LogLevel>>,
+    pub log_level: Option<LogLevel>,
     /// Same as --log-level=debug
     #[arg(short, long, visible_alias = "debug", help_heading = "MISC")]
     pub verbose: bool,
@@ -267,8 +285,8 @@ pub struct LogArgs {
 
 impl LogArgs {
     pub fn level(&self) -> LogLevel {
-        match &self.log_level {
-            Some(Warned(level, _)) => *level,
+        match self.log_level {
+            Some(level) => level,
             None if self.verbose => LogLevel::Debug,
             None if self.quiet => LogLevel::Error,
             None => LogLevel::Info,
@@ -284,18 +302,13 @@ pub struct AnalyzeArgs {
     /// (summary on stderr, leaks_<ts>.csv under --output-path),
     /// and the dump is replayed through decompose, inefficient
     /// and the OOM rows it holds.
-    #[arg(short, long, value_name = "DUMP", value_parser = Check(v::analyze_input), verbatim_doc_comment)]
+    #[arg(short, long, alias = "input", value_name = "DUMP", value_parser = Check(v::analyze_input),
+        verbatim_doc_comment)]
     pub input_path: Option<PathBuf>,
-    /// Deprecated spelling of --input-path
-    #[arg(long, hide = true, overrides_with = "input_path", value_parser = Check(v::analyze_input))]
-    pub input: Option<PathBuf>,
 
     /// Output directory [default: ./memscopeDumpResults]
-    #[arg(short, long, value_name = "DIR", value_parser = Check(v::output_dir))]
+    #[arg(short, long, alias = "output", value_name = "DIR", value_parser = Check(v::output_dir))]
     pub output_path: Option<PathBuf>,
-    /// Deprecated spelling of --output-path
-    #[arg(long, hide = true, overrides_with = "output_path", value_parser = Check(v::output_dir))]
-    pub output: Option<PathBuf>,
 
     /// Also print live bytes per allocation site (file:line of
     /// the innermost frame outside vendor and framework code),
@@ -315,9 +328,9 @@ pub struct AnalyzeArgs {
     /// Write memscope_timeline_<MS>ms.csv under -o: the local
     /// maximum per device in each MS-ms interval [default: 100]
     /// and the site holding the most then
-    #[arg(long, value_name = "MS", require_equals = true,
-        value_parser = Check(v::timeline_ms), verbatim_doc_comment)]
-    pub timeline: Option<Option<u64>>,
+    #[arg(long, value_name = "MS", require_equals = true, verbatim_doc_comment,
+        value_parser = Check(|o, v| v::count(o, v, 1..=3_600_000, "expected an interval in milliseconds, 1..=3600000")))]
+    pub timeline: Option<Option<u32>>,
 
     #[command(flatten)]
     pub log: LogArgs,
@@ -329,20 +342,15 @@ pub struct ReportArgs {
     /// A run: an --output-path directory, a process directory or
     /// one dump (ours or msMemScope's, CSV or db); with RUN2, the
     /// report also compares the two runs (RUN is the base)
-    #[arg(short, long, value_name = "RUN>[,<RUN2", value_parser = Check(v::report_inputs),
-        verbatim_doc_comment)]
+    #[arg(short, long, alias = "input", value_name = "RUN>[,<RUN2",
+        value_parser = Check(v::report_inputs), verbatim_doc_comment)]
     pub input_path: Option<List<PathBuf>>,
-    /// Deprecated spelling of --input-path
-    #[arg(long, hide = true, overrides_with = "input_path", value_parser = Check(v::report_inputs))]
-    pub input: Option<List<PathBuf>>,
 
     /// The HTML file [default: ./memscope_report.html]; other
     /// formats are written beside it, named after it
-    #[arg(short, long, value_name = "FILE", value_parser = Check(v::output_file), verbatim_doc_comment)]
+    #[arg(short, long, alias = "output", value_name = "FILE", value_parser = Check(v::output_file),
+        verbatim_doc_comment)]
     pub output_path: Option<PathBuf>,
-    /// Deprecated spelling of --output-path
-    #[arg(long, hide = true, overrides_with = "output_path", value_parser = Check(v::output_file))]
-    pub output: Option<PathBuf>,
 
     /// html | perfetto | folded | speedscope [default: html]
     /// perfetto: <stem>.perfetto.json (ui.perfetto.dev,
@@ -360,8 +368,11 @@ pub struct ReportArgs {
     pub log: LogArgs,
 }
 
-/// Options that belong to one subcommand, to point there when given elsewhere.
-pub const ANALYZE_ONLY: [&str; 4] = ["--by-site", "--by-stack", "--at", "--timeline"];
-pub const REPORT_ONLY: [&str; 1] = ["--perfetto"];
+/// Deprecated spellings (clap aliases of the new ones): each given draws a notice.
+pub const DEPRECATED: [(&str, &str); 3] = [
+    ("--input", "--input-path"),
+    ("--output", "--output-path"),
+    ("--data-format", "--format"),
+];
 
 const _: () = assert!(MAX_NPU_SLOTS == 32, "the --device help says N < 32");

@@ -5,13 +5,14 @@
 //! the first non-option argument on belongs to the traced program. msMemScope used GNU getopt
 //! permutation and so also consumed options written after the program name; we never do.
 //!
-//! `args.rs` declares every option (spelling, aliases, help); `values.rs` holds the typed value
-//! parsers for what clap cannot check (msMemScope's lists split on `,` and `，`, ranges, paths);
-//! this file turns clap's result into [`Options`] and checks what spans several options;
-//! `config.rs` writes `config.json`. Program arguments pass through untouched, even when not
-//! UTF-8. `--help` and `--version` come back as `Err(CliError { exit_code: 0, .. })` so that
+//! `args.rs` declares every option (spelling, aliases, default, help) as a field of [`Options`]
+//! or, for those that pick the mode, of the command; `values.rs` holds the typed value parsers
+//! for what clap cannot check (msMemScope's lists split on `,` and `，`, ranges, paths); this
+//! file sets the mode and checks what spans several options. The settings types are
+//! `crate::settings`; `config.json` is written by `crate::output::config_json`. Program
+//! arguments pass through untouched, even when not UTF-8. `--help` and `--version` come back as `Err(CliError { exit_code: 0, .. })` so that
 //! the caller prints the message on stdout and exits 0; every usage error has `exit_code` 2.
-//! Uses only `crate::report`'s request types.
+//! Uses `crate::settings`, `crate::report`'s request types and `crate::offline`'s input rules.
 
 mod args;
 #[cfg(test)]
@@ -24,15 +25,18 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
 use crate::settings::*;
+pub use args::Options;
 use args::{Cli, Sub};
 pub use types::*;
-use values::{List, Warned, shown, shown_os};
+use values::{List, shown, shown_os};
 pub use values::{lexical_absolute, parse_watch, split_list};
 #[cfg(test)]
 use {
+    crate::offline::MAX_COMPARE_INPUT_BYTES,
     crate::output::config_json::{config_json, json_escape},
     values::{check_output_dir, parse_c_number, parse_decimal, split_list_os},
 };
@@ -50,19 +54,22 @@ pub fn help_text() -> String {
 /// The clap command, with option values allowed to start with '-': a required value is taken
 /// from the next argument whatever it looks like, as getopt does (`--events -v` is an error
 /// about "-v", not a missing value). The program's positional keeps clap's default, so that an
-/// unknown option is an error instead of a program name.
+/// unknown option is an error instead of a program name. Defaults and choices are in the help
+/// texts themselves.
 fn command() -> clap::Command {
     Cli::command()
-        .mut_args(hyphen_values)
+        .mut_args(|a| match a.get_action().takes_values() {
+            true => hyphen_values(a)
+                .hide_default_value(true)
+                .hide_possible_values(true),
+            false => a,
+        })
         .mut_subcommands(|s| s.mut_args(hyphen_values))
 }
 
 pub(crate) fn hyphen_values(a: clap::Arg) -> clap::Arg {
     let option = a.get_long().is_some() || a.get_short().is_some();
-    let takes_value = matches!(
-        a.get_action(),
-        clap::ArgAction::Set | clap::ArgAction::Append
-    );
+    let takes_value = a.get_action().takes_values();
     a.allow_hyphen_values(option && takes_value)
 }
 
@@ -76,36 +83,38 @@ where
     T: Into<OsString> + Clone,
 {
     let argv: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    let matches = command()
+    values::take_warnings();
+    let parsed = command()
         .try_get_matches_from(&argv)
-        .map_err(|e| from_clap(e, &argv))?;
-    let cli = Cli::from_arg_matches(&matches).map_err(|e| from_clap(e, &argv))?;
-    match cli.command {
+        .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let (cli, matches) = parsed.map_err(|e| from_clap(e, &argv))?;
+    let mut opts = cli.opts;
+    // Deprecated spellings among the options (the program's words are its own).
+    for word in argv.iter().take(argv.len() - cli.program.len()).skip(1) {
+        for (old, new) in args::DEPRECATED
+            .into_iter()
+            .filter(|(old, _)| spelled(word, old))
+        {
+            values::warn(values::deprecated(old, new));
+        }
+    }
+    let (mode, output, log) = match cli.command {
         Some(Sub::Analyze(a)) => {
-            let mut warnings = Vec::new();
-            let input =
-                alias(a.input_path, a.input, "--input-path", &mut warnings).ok_or_else(|| {
-                    CliError::usage("analyze needs the dump to read: analyze --input-path=DUMP")
-                })?;
-            let sites = crate::report::SitesRequest {
+            opts.sites = crate::report::SitesRequest {
                 by_site: a.by_site,
                 by_stack: a.by_stack,
                 at: a.at,
                 timeline_ms: a
                     .timeline
-                    .map(|ms| ms.unwrap_or(crate::report::model::DEFAULT_TIMELINE_MS)),
+                    .map(|ms| ms.map_or(crate::report::model::DEFAULT_TIMELINE_MS, u64::from)),
             };
-            let trace = args::TraceArgs {
-                output_path: alias(a.output_path, a.output, "--output-path", &mut warnings),
-                log: a.log,
-                ..Default::default()
-            };
-            finish(Mode::Analyze { input }, trace, warnings, sites)
+            let input = a.input_path.ok_or_else(|| {
+                CliError::usage("analyze needs the dump to read: analyze --input-path=DUMP")
+            })?;
+            (Mode::Analyze { input }, a.output_path, a.log)
         }
         Some(Sub::Report(r)) => {
-            let mut warnings = Vec::new();
-            let Some(List(inputs)) = alias(r.input_path, r.input, "--input-path", &mut warnings)
-            else {
+            let Some(List(inputs)) = r.input_path else {
                 return Err(CliError::usage(
                     "report needs the run to draw: report --input-path=RUN_DIR|DUMP",
                 ));
@@ -120,7 +129,7 @@ where
                     "two runs are compared in the HTML report: add html to --format",
                 ));
             }
-            let output = match alias(r.output_path, r.output, "--output-path", &mut warnings) {
+            let output = match r.output_path {
                 Some(p) => p,
                 None => {
                     lexical_absolute(Path::new("memscope_report.html"), &values::current_dir()?)
@@ -131,48 +140,58 @@ where
                 output,
                 formats,
             };
-            let trace = args::TraceArgs {
-                log: r.log,
-                ..Default::default()
-            };
-            finish(
-                Mode::Report { request },
-                trace,
-                warnings,
-                Default::default(),
-            )
+            (Mode::Report { request }, None, r.log)
         }
-        None => {
-            let mut t = cli.trace;
-            let mut warnings = Vec::new();
-            let inputs = alias(
-                t.input_path.take(),
-                t.input.take(),
-                "--input-path",
-                &mut warnings,
-            );
-            let mode = trace_mode(&mut t, inputs, &argv)?;
-            finish(mode, t, warnings, Default::default())
+        None => (
+            trace_mode(cli.pid, cli.compare, cli.input_path, cli.program, &argv)?,
+            cli.output_path,
+            cli.log,
+        ),
+    };
+    opts.mode = mode;
+    opts.log_level = log.level();
+    opts.output_dir = output.map_or_else(values::default_output_dir, Ok)?;
+    opts.steps = cli.steps.map(|List(s)| s).unwrap_or_default();
+    if opts.max_files.is_some() && opts.max_file_mib.is_none() {
+        return Err(CliError::usage(
+            "--max-files needs --max-file-mib (files are only rotated by size)",
+        ));
+    }
+    if opts.max_file_mib.is_some() && opts.format == DataFormat::Db {
+        return Err(CliError::usage(
+            "--max-file-mib rotates CSV dumps; it cannot be used with --format=db",
+        ));
+    }
+    if !opts.steps.is_empty() && opts.analysis.leaks {
+        opts.analysis.leaks = false;
+        if matches.value_source("analysis") == Some(ValueSource::CommandLine) {
+            values::warn("leak analysis is turned off because --steps is given".to_owned());
         }
     }
+    opts.events = opts
+        .dump_events
+        .with_implied()
+        .union(opts.analysis.implied_events());
+    opts.warnings = values::take_warnings();
+    Ok(opts)
 }
 
-/// The value of an option or of its deprecated spelling (clap keeps only the later one).
-fn alias<T>(value: Option<T>, old: Option<T>, name: &str, warnings: &mut Vec<String>) -> Option<T> {
-    if old.is_some() {
-        let old_name = name.strip_suffix("-path").unwrap_or("--data-format");
-        warnings.push(values::deprecated(old_name, name));
-    }
-    value.or(old)
+/// Whether `word` is option `name`, alone or with `=value`.
+fn spelled(word: &OsStr, name: &str) -> bool {
+    let word = word.as_bytes();
+    word.strip_prefix(name.as_bytes())
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'=')
 }
 
 /// Launch, attach or compare, from the program, `--pid`, `--compare` and `--input-path`.
 fn trace_mode(
-    t: &mut args::TraceArgs,
+    pid: Option<u32>,
+    compare: bool,
     inputs: Option<[PathBuf; 2]>,
+    words: Vec<OsString>,
     argv: &[OsString],
 ) -> Result<Mode, CliError> {
-    let mut words = std::mem::take(&mut t.program).into_iter();
+    let mut words = words.into_iter();
     let program = words.next();
     if program.is_none() && argv.iter().skip(1).any(|a| a == "--") {
         return Err(CliError::usage(format!(
@@ -180,7 +199,7 @@ fn trace_mode(
         )));
     }
     let only_with_compare = || CliError::usage("--input-path is only used together with --compare");
-    match (program, t.pid, t.compare, inputs) {
+    match (program, pid, compare, inputs) {
         (Some(_), Some(_), _, _) => Err(CliError::usage(
             "--pid cannot be combined with a program to launch; use one or the other",
         )),
@@ -208,76 +227,6 @@ fn trace_mode(
     }
 }
 
-/// The checks that span several options, the implied events, and the final [`Options`].
-fn finish(
-    mode: Mode,
-    t: args::TraceArgs,
-    mut warnings: Vec<String>,
-    sites: crate::report::SitesRequest,
-) -> Result<Options, CliError> {
-    if t.max_files.is_some() && t.max_file_mib.is_none() {
-        return Err(CliError::usage(
-            "--max-files needs --max-file-mib (files are only rotated by size)",
-        ));
-    }
-    let format = alias(t.format, t.data_format, "--format", &mut warnings).unwrap_or_default();
-    if t.max_file_mib.is_some() && format == DataFormat::Db {
-        return Err(CliError::usage(
-            "--max-file-mib rotates CSV dumps; it cannot be used with --format=db",
-        ));
-    }
-    let output_dir = match alias(t.output_path, t.output, "--output-path", &mut warnings) {
-        Some(d) => d,
-        None => values::default_output_dir()?,
-    };
-    let log_level = t.log.level();
-    let dump_events = unwarn(t.events, EventSet::CLI_DEFAULT, &mut warnings);
-    let levels = unwarn(t.level, Levels::default(), &mut warnings);
-    let analysis_explicit = t.analysis.is_some();
-    let mut analysis = unwarn(t.analysis, AnalysisSet::CLI_DEFAULT, &mut warnings);
-    unwarn(t.log.log_level, LogLevel::Info, &mut warnings);
-    let steps = t.steps.map(|List(s)| s).unwrap_or_default();
-    if !steps.is_empty() && analysis.leaks {
-        analysis.leaks = false;
-        if analysis_explicit {
-            warnings.push("leak analysis is turned off because --steps is given".to_owned());
-        }
-    }
-    Ok(Options {
-        mode,
-        output_dir,
-        events: dump_events.with_implied().union(analysis.implied_events()),
-        dump_events,
-        levels,
-        devices: t.device.unwrap_or_default(),
-        analysis,
-        steps,
-        call_stack: t.call_stack.unwrap_or_default(),
-        collect_mode: t.collect_mode.unwrap_or_default(),
-        format,
-        watch: t.watch,
-        log_level,
-        libs: t.lib,
-        ring_buffer_mib: t.ring_buffer_mib.unwrap_or(DEFAULT_RING_BUFFER_MIB),
-        as_root: t.as_root,
-        max_file_mib: t.max_file_mib,
-        max_files: t.max_files,
-        warnings,
-        sites,
-        report_at_end: t.report,
-    })
-}
-
-fn unwarn<T>(value: Option<Warned<T>>, default: T, warnings: &mut Vec<String>) -> T {
-    match value {
-        Some(Warned(v, w)) => {
-            warnings.extend(w);
-            v
-        }
-        None => default,
-    }
-}
-
 /// A clap error in this program's words: one line, the option as the user can find it in
 /// `--help`, and for options of another mode, where they belong. `argv[1]` names the mode.
 pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
@@ -292,6 +241,11 @@ pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
     // clap names an option with its placeholder: "--events <LIST>".
     let invalid_arg = text(ContextKind::InvalidArg);
     let arg = invalid_arg.split(' ').next().unwrap_or_default();
+    // Name a deprecated spelling as written.
+    let arg = args::DEPRECATED
+        .into_iter()
+        .find(|(old, new)| *new == arg && argv.iter().any(|a| spelled(a, old)))
+        .map_or(arg, |(old, _)| old);
     let value = text(ContextKind::InvalidValue);
     let last = argv.last().map(|a| a.to_string_lossy()).unwrap_or_default();
     let message = match e.kind() {
@@ -382,29 +336,38 @@ fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String 
         }
         _ => shown(arg),
     };
-    let traced = || {
-        Cli::command().get_arguments().any(|a| {
+    // Where `arg` is an option: the main command, or which subcommand (read from clap's own
+    // definitions, so that a new option needs no entry here).
+    let root = Cli::command();
+    let takes = |c: &clap::Command| {
+        c.get_arguments().any(|a| {
             a.get_long().is_some_and(|l| arg == format!("--{l}"))
                 || a.get_short().is_some_and(|s| arg == format!("-{s}"))
         })
     };
-    match mode {
-        Some("agent") => {
+    let list = |c: &clap::Command| {
+        let longs = c.get_arguments().filter_map(|a| a.get_long());
+        longs
+            .map(|l| format!("--{l}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let owner = root.get_subcommands().find(|s| takes(s));
+    match (mode, owner) {
+        (Some("agent"), _) => {
             format!("unknown agent option '{arg}' (see '{PROGRAM_NAME} agent --help')")
         }
-        Some("analyze") if traced() => format!(
-            "{arg} cannot be used with 'analyze' (it takes --input-path=DUMP, --output-path, \
-             --by-site, --by-stack, --at, --timeline, --log-level, -v and -q)"
-        ),
-        Some("report") if traced() => format!(
-            "{arg} cannot be used with 'report' (it takes --input-path=RUN[,RUN2], \
-             --output-path=FILE, --format, --perfetto, --log-level, -v and -q)"
-        ),
-        None if args::ANALYZE_ONLY.contains(&arg.as_str()) => {
-            format!("{arg} belongs to 'analyze': {PROGRAM_NAME} analyze -i DUMP {arg}")
+        (Some(sub), _) if takes(&root) => {
+            let sub = root.find_subcommand(sub).expect("a subcommand");
+            format!(
+                "{arg} cannot be used with '{}' (it takes {})",
+                sub.get_name(),
+                list(sub)
+            )
         }
-        None if args::REPORT_ONLY.contains(&arg.as_str()) => {
-            format!("{arg} belongs to 'report': {PROGRAM_NAME} report -i RUN --perfetto")
+        (None, Some(sub)) if !takes(&root) => {
+            let sub = sub.get_name();
+            format!("{arg} belongs to '{sub}': {PROGRAM_NAME} {sub} -i INPUT {arg}")
         }
         _ => format!("unrecognized option '{arg}' (see '{PROGRAM_NAME} --help')"),
     }

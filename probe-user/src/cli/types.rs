@@ -1,11 +1,11 @@
-//! What the command line asks for, as the rest of the tree consumes it: [`Options`], the mode,
-//! the event/level/device/analysis sets with their config.json bitfields, and the limits the
-//! value parsers check. Nothing here parses.
+//! The mode, the usage error, and the limits the value parsers check ([`Options`] itself is
+//! declared with its options in `args.rs`). Nothing here parses.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use super::Options;
 use super::values::parse_watch;
 use crate::settings::*;
 
@@ -25,8 +25,6 @@ pub const MAX_STEPS: usize = 5;
 pub const DEFAULT_RING_BUFFER_MIB: u32 = 64;
 /// Largest accepted BPF ring buffer size in MiB.
 pub const MAX_RING_BUFFER_MIB: u32 = 1024;
-/// Largest accepted `--compare` input file (8 GiB).
-pub const MAX_COMPARE_INPUT_BYTES: u64 = 8 << 30;
 /// Longest accepted path (and `--input-path` value), in bytes.
 pub const MAX_PATH_LEN: usize = 4096;
 /// Longest accepted output path component, in bytes.
@@ -56,46 +54,6 @@ pub enum Mode {
     Report {
         request: crate::report::ReportRequest,
     },
-}
-
-/// Everything the command line asked for, validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Options {
-    pub mode: Mode,
-    /// Absolute output directory ("." and ".." resolved lexically; need not exist yet).
-    pub output_dir: PathBuf,
-    /// Events to collect: `dump_events` plus the implied rules from events and analyses.
-    pub events: EventSet,
-    /// Events the user asked to write (`--events` as given).
-    pub dump_events: EventSet,
-    pub levels: Levels,
-    pub devices: DeviceFilter,
-    pub analysis: AnalysisSet,
-    /// `--steps`: only events inside these mstx steps are kept (empty = all).
-    pub steps: Vec<u32>,
-    pub call_stack: CallStack,
-    pub collect_mode: CollectMode,
-    pub format: DataFormat,
-    /// The validated `--watch` value as given; see [`Options::watch_config`].
-    pub watch: Option<String>,
-    pub log_level: LogLevel,
-    /// `--lib` paths, canonicalized, each an existing readable regular file.
-    pub libs: Vec<PathBuf>,
-    /// BPF ring buffer size in MiB (power of two, 1..=1024).
-    pub ring_buffer_mib: u32,
-    /// `--as-root`: under sudo, launch the program as root instead of the invoking user.
-    pub as_root: bool,
-    /// `--max-file-mib`: rotate CSV dumps past this size.
-    pub max_file_mib: Option<u32>,
-    /// `--max-files`: keep at most this many dump files per device when rotating.
-    pub max_files: Option<u32>,
-    /// Deprecation notices and other warnings for the caller to print on stderr.
-    pub warnings: Vec<String>,
-    /// `analyze --by-site/--by-stack/--at/--timeline`.
-    pub sites: crate::report::SitesRequest,
-    /// `--report[=FILE]`: write the HTML report at the end of the run (`Some(None)`: in the
-    /// traced process's directory).
-    pub report_at_end: Option<Option<PathBuf>>,
 }
 
 impl Options {
