@@ -26,9 +26,6 @@ const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == "agent") {
-        return memscope_bpf::agent::main(&argv[2..]);
-    }
     let opts = match cli::parse_from(argv) {
         Ok(o) => o,
         Err(e) if e.exit_code == 0 => {
@@ -40,6 +37,9 @@ fn main() -> ExitCode {
             return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
         }
     };
+    if let Mode::Agent(agent) = opts.mode {
+        return memscope_bpf::agent::main(agent);
+    }
     log::set_level(opts.log_level);
     for w in &opts.warnings {
         log::warn(w);

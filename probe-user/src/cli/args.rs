@@ -264,6 +264,18 @@ pub enum Sub {
     /// HTML report (and Perfetto, folded, speedscope files) of a run, or of two compared
     #[command(args_override_self = true)]
     Report(ReportArgs),
+    /// Node agent for Prometheus and pprof, tracing every process using the Ascend libraries
+    ///
+    /// memscope-bpf agent: an always-on node agent. Traces every process on the host that maps the
+    /// Ascend libraries (those running now and those started later), keeps per-process, per-device
+    /// memory state, and serves it to Prometheus (/metrics) and pprof tools (/debug/pprof/heap).
+    #[command(
+        after_help = crate::agent::options::ENDPOINTS,
+        verbatim_doc_comment,
+        args_override_self = true,
+        help_template = "{about}\n\nUSAGE:\n    {usage}\n\nOPTIONS:\n{options}{after-help}"
+    )]
+    Agent(crate::agent::options::AgentOptions),
 }
 
 /// `--log-level`, `-v`, `-q`: every mode has them.

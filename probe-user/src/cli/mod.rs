@@ -57,20 +57,18 @@ pub fn help_text() -> String {
 /// unknown option is an error instead of a program name. Defaults and choices are in the help
 /// texts themselves.
 fn command() -> clap::Command {
-    Cli::command()
-        .mut_args(|a| match a.get_action().takes_values() {
-            true => hyphen_values(a)
+    let tune = |a: clap::Arg| match a.get_action().takes_values() {
+        true => {
+            let option = a.get_long().is_some() || a.get_short().is_some();
+            a.allow_hyphen_values(option)
                 .hide_default_value(true)
-                .hide_possible_values(true),
-            false => a,
-        })
-        .mut_subcommands(|s| s.mut_args(hyphen_values))
-}
-
-pub(crate) fn hyphen_values(a: clap::Arg) -> clap::Arg {
-    let option = a.get_long().is_some() || a.get_short().is_some();
-    let takes_value = a.get_action().takes_values();
-    a.allow_hyphen_values(option && takes_value)
+                .hide_possible_values(true)
+        }
+        false => a,
+    };
+    Cli::command()
+        .mut_args(tune)
+        .mut_subcommands(|s| s.mut_args(tune))
 }
 
 /// Parse the command line. `args[0]` is the program name.
@@ -141,6 +139,11 @@ where
                 formats,
             };
             (Mode::Report { request }, None, r.log)
+        }
+        Some(Sub::Agent(agent)) => {
+            opts.mode = Mode::Agent(agent);
+            opts.warnings = values::take_warnings();
+            return Ok(opts);
         }
         None => (
             trace_mode(cli.pid, cli.compare, cli.input_path, cli.program, &argv)?,

@@ -54,6 +54,8 @@ pub enum Mode {
     Report {
         request: crate::report::ReportRequest,
     },
+    /// `agent`: serve the node's live memory state (Prometheus, pprof).
+    Agent(crate::agent::options::AgentOptions),
 }
 
 impl Options {
