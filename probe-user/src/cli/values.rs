@@ -44,7 +44,11 @@ thread_local! {
 /// A notice for `Options::warnings` (deprecated forms, ignored parts): a value parser returns
 /// only its value, so the notices wait here until `parse_from` collects them.
 pub fn warn(message: String) {
-    WARNINGS.with_borrow_mut(|w| w.push(message));
+    WARNINGS.with_borrow_mut(|w| {
+        if !w.contains(&message) {
+            w.push(message);
+        }
+    });
 }
 
 pub fn take_warnings() -> Vec<String> {
