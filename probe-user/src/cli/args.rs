@@ -5,8 +5,8 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use super::Mode;
 use super::values::{self as v, Check, List};
+use super::{DEFAULT_RING_BUFFER_MIB, Mode};
 use crate::report::{At, Formats};
 use crate::settings::*;
 
@@ -220,7 +220,8 @@ pub struct Options {
     pub watch: Option<String>,
 
     /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
-    #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT", default_value = "64",
+    #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT",
+        default_value_t = DEFAULT_RING_BUFFER_MIB,
         value_parser = Check(v::ring_buffer_mib))]
     pub ring_buffer_mib: u32,
 
