@@ -973,8 +973,9 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
         );
         let text = wait_for_text(&log, "READY", 300);
         let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
-        // Picked up at its lazy init (device, streams), before its steps.
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // Picked up at its lazy init (device, streams), before its steps (generous: a loaded
+        // machine delays the agent).
+        let deadline = Instant::now() + Duration::from_secs(180);
         while !agent
             .metrics()
             .iter()
@@ -1005,8 +1006,8 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
             }
             (pta, cann, others)
         };
-        // The agent is behind by its reorder window and snapshot interval at most.
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // The agent is behind by its reorder window and snapshot interval, more under load.
+        let deadline = Instant::now() + Duration::from_secs(90);
         let live = loop {
             let live = live_metrics(&agent.metrics(), pid);
             let (pta, cann, _) = by_owner(&live);

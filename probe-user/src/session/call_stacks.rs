@@ -45,6 +45,11 @@ impl Session {
         } else {
             self.pending_py.remove(&call.tid).map(|p| p.0)
         };
+        if self.cfg.observer.is_some() {
+            // The agent shows Python frames in the C stacks only (mixed): no column to fill,
+            // and no marker text to make for each call of the node's processes.
+            return text;
+        }
         Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
     }
 
