@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod analysis;
 pub mod cli;
+pub mod digits;
 pub mod events;
 pub mod log;
 pub mod offline;

@@ -240,7 +240,7 @@ fn run(opts: Options) -> Result<u8> {
             if let Some(py) = &mut python {
                 py.enable(&mut bpf, pid, true);
             }
-            if !session::process_alive(pid) {
+            if !memscope_bpf::trace::target::process_alive(pid) {
                 return Err(usage(format!(
                     "process {pid} exited before tracing started"
                 )));

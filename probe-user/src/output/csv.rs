@@ -6,11 +6,9 @@ mod format;
 #[cfg(test)]
 mod tests;
 
+pub use crate::digits::{push_hex16, push_u64};
+pub use crate::state::{Row, quote_text};
 pub use file::MAX_WAITING_BYTES;
-pub use format::Row;
-pub use format::push_hex16;
-pub use format::push_u64;
-pub use format::quote_text;
 
 use super::db::DbWriter;
 use super::{DeviceKey, fsutil, local_timestamp};

@@ -18,6 +18,7 @@ use crate::state::{ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};
 use crate::trace::launch;
+use crate::trace::target::process_alive;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use std::cmp::{Ordering, Reverse};
@@ -426,17 +427,6 @@ fn raise_consumer_priority() {
         if libc::setpriority(libc::PRIO_PROCESS, tid, CONSUMER_NICE) != 0 {
             log::debug("could not raise the ring consumer's priority (needs CAP_SYS_NICE)");
         }
-    }
-}
-
-/// True while `/proc/PID` exists and is not a zombie.
-pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
     }
 }
 

@@ -12,6 +12,8 @@ mod steps;
 #[cfg(test)]
 mod tests;
 
+pub use devices::DeviceKey;
+pub use rows::{Row, quote_text};
 pub use steps::StepFilter;
 
 use crate::analysis::decompose::Decompose;
@@ -23,7 +25,6 @@ use crate::events::hal::PageType;
 use crate::events::labels::{Labels, ThreadLabels};
 use crate::events::pools::{PoolKind, Pools};
 use crate::events::{hal, labels};
-use crate::output::Row;
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

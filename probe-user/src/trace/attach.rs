@@ -15,7 +15,7 @@ pub use files::TargetEnv;
 pub use files::find_program;
 pub use files::script_interpreter;
 
-use crate::events::aclnn;
+use crate::trace::aclnn;
 use crate::trace::bpf::{Bpf, Scope};
 use crate::trace::probes::{Home, KNOWN_LIBRARIES, PROBES};
 use crate::trace::{placement, probes, torch_npu};

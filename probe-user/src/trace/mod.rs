@@ -1,6 +1,7 @@
 //! Loading and attaching: which objects get which probes, where in each function, the BPF
 //! object itself, starting or finding the target.
 
+pub mod aclnn;
 pub mod attach;
 pub mod bpf;
 pub mod launch;
