@@ -1,6 +1,12 @@
 //! Output files in msMemScope's layout:
 //! `<out>/msmemscope_<pid>_<ts>_ascend/{config.json, device_<id>/dump/memscope_dump_<ts>.csv}`
 //! (`.db` with `--format=db`).
+//!
+//! Stage 5, the writers: rows (`state::Row`, re-exported here) to CSV ([`csv`]) or SQLite
+//! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]).
+//!
+//! Uses `state` (the rows), `cli` (the format option), `digits` and `log`. Never `trace`,
+//! `events`, `session`, `analysis`, `report` or `agent` (tests/layout.rs checks it).
 
 pub mod attr;
 pub mod csv;

@@ -1,5 +1,13 @@
 //! The tracing session: drains the ring buffer, keeps probes attached as libraries appear,
 //! turns events into rows in time order, and ends when the traced tree is gone or on a signal.
+//!
+//! The run loop that wires the stages: `trace` (attach as libraries appear) -> `events`
+//! (decode, stacks) -> `state` (per process) -> `output` and `analysis` (when a process
+//! ends). Files: `records` (one ring-buffer record at a time), `call_stacks` (C and Python
+//! stacks joined to their call), `processes` (processes coming and going).
+//!
+//! Uses every stage above (`trace`, `events`, `state`, `analysis`, `output`), `cli` and
+//! `log`; used by `main` and `agent` only.
 
 mod call_stacks;
 mod processes;
