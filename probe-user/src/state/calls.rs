@@ -1,9 +1,9 @@
 //! What each probed call does to a process: the one dispatcher from a decoded call to state
 //! changes and output rows.
 
-use super::quote_text;
-use super::{BlockKind, DRV_ERROR_OUT_OF_MEMORY, ProcessState, TrackOptions};
-use super::{DeviceKey, Row};
+use super::{
+    BlockKind, DRV_ERROR_OUT_OF_MEMORY, DeviceKey, ProcessState, Row, TrackOptions, quote_text,
+};
 use crate::events::decode::{Call, CallEvent};
 use crate::events::hal::{AllocFlag, MemType, PageType};
 use crate::events::pools::{PoolKind, RegionChange};

@@ -1,8 +1,7 @@
 //! Operators: ATen marks and ATB calls, their accesses to pool blocks, and what they feed to
 //! the inefficient-memory analysis.
 
-use super::{DeviceKey, Row};
-use super::{ProcessState, TrackOptions};
+use super::{DeviceKey, ProcessState, Row, TrackOptions};
 use crate::analysis::inefficient;
 use crate::analysis::inefficient::MemEvent;
 use crate::events::atb::AtbOut;

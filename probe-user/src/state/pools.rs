@@ -1,7 +1,6 @@
 //! Framework pool regions (mstx memory API): blocks registered and freed inside pools.
 
-use super::Row;
-use super::{BlockKind, ProcessState, TrackOptions};
+use super::{BlockKind, ProcessState, Row, TrackOptions};
 use crate::analysis::inefficient;
 use crate::analysis::inefficient::MemEvent;
 use crate::events::hal::PageType;

@@ -1,8 +1,7 @@
 //! Building the output rows of memory events (MALLOC/FREE, pool rows) with their running
 //! `used` totals.
 
-use super::DeviceKey;
-use super::{Block, BlockKind, ProcessState, TrackOptions};
+use super::{Block, BlockKind, DeviceKey, ProcessState, TrackOptions};
 use crate::events::pools::RegionChange;
 
 /// One output row; `id` is assigned by the writer.
