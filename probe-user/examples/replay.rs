@@ -19,10 +19,10 @@
 use std::{path::PathBuf, time::Instant};
 
 use memscope_bpf::{
-    analysis::leaks,
     cli::{DataFormat, DeviceFilter, EventSet},
     events::decode::{self, Decoded},
     output::ProcessOutput,
+    output::leaks,
     state::{ProcessState, StepFilter, TrackOptions},
     trace::probes::ProbeId,
 };

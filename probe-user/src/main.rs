@@ -6,7 +6,7 @@ use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 use anyhow::{Context, Result, bail};
 
 use memscope_bpf::{
-    analysis, cli,
+    cli,
     cli::{DataFormat, Mode, Options},
     log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
@@ -460,7 +460,7 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
         }
     }
     if !r.leaks.is_empty() {
-        for line in analysis::leaks::format_report(&r.leaks, 20).lines() {
+        for line in output::leaks::format_report(&r.leaks, 20).lines() {
             log::info(line);
         }
     }

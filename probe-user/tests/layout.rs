@@ -19,13 +19,14 @@ use std::{
 const MAY_USE: &[(&str, &[&str])] = &[
     ("trace", &["log"]),
     ("events", &["trace", "log"]),
-    // `analysis`: the online analyzers `state` feeds as each call is applied.
+    // `analysis`: the online analyzers `state` feeds as each call is applied (they never use
+    // `state` back).
     (
         "state",
         &["events", "trace", "analysis", "cli", "digits", "log"],
     ),
-    ("analysis", &["state", "events", "output", "digits", "log"]),
-    ("output", &["state", "cli", "digits", "log"]),
+    ("analysis", &["events", "log"]),
+    ("output", &["state", "analysis", "cli", "digits", "log"]),
     (
         "session",
         &[
@@ -45,7 +46,8 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "session", "trace", "events", "state", "output", "cli", "log",
         ],
     ),
-    // Options: the report's option types live with the report.
+    // Options: the report's option types live with the report (`cli` and `log` are shared,
+    // outside the stage order; see `the_stage_order_has_no_cycle`).
     ("cli", &["report", "log"]),
     ("log", &["cli"]),
     ("digits", &[]),
@@ -143,6 +145,37 @@ fn use_paths_are_parsed_from_plain_and_grouped_imports() {
                 use crate::trace::{probes::{A, B}, bpf};\nlet y = memscope_crate::nope;";
     let got: Vec<String> = crate_modules(text).into_iter().collect();
     assert_eq!(got, ["analysis", "cli", "log", "output", "trace"]);
+}
+
+/// The table itself is one-way: following "may use" from any stage never comes back to it
+/// (the shared `cli` and `log` aside: every stage may read options and log).
+#[test]
+fn the_stage_order_has_no_cycle() {
+    let shared = ["cli", "log"];
+    let table: BTreeMap<&str, &[&str]> = MAY_USE.iter().copied().collect();
+    fn reaches(
+        table: &BTreeMap<&str, &[&str]>,
+        shared: &[&str],
+        from: &str,
+        to: &str,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        for &next in table[from].iter().filter(|m| !shared.contains(m)) {
+            if next == to {
+                return true;
+            }
+            if seen.insert(next.to_string()) && reaches(table, shared, next, to, seen) {
+                return true;
+            }
+        }
+        false
+    }
+    for &(module, _) in MAY_USE.iter().filter(|(m, _)| !shared.contains(m)) {
+        assert!(
+            !reaches(&table, &shared, module, module, &mut BTreeSet::new()),
+            "{module} reaches itself through MAY_USE: the stages must stay one-way"
+        );
+    }
 }
 
 #[test]

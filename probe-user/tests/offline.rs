@@ -14,9 +14,9 @@ use std::{
 
 use common::{TRACER, find_files, run_tracer, scratch};
 use memscope_bpf::{
-    analysis::leaks::LEAKS_HEADER,
     cli::DataFormat,
     offline::reader::{self, DumpKind, DumpRow},
+    output::leaks::LEAKS_HEADER,
     output::{DeviceKey, ProcessOutput, Row, csv::CSV_HEADER, csv::quote_text},
     state::module_label,
 };

@@ -1,12 +1,11 @@
-//! Stage 4, analyses over the tracked state: owners ([`decompose`]), inefficient blocks
-//! ([`inefficient`]) and step leaks and gaps ([`steps`]), fed online by `state` as calls are
-//! applied (and by `offline` from saved dumps), and the leak report ([`leaks`]) drawn from the
-//! blocks still live when a process ends.
+//! Stage 4, analyzers fed online by `state` as each call is applied (and by `offline` from
+//! saved dumps): owners ([`decompose`]), inefficient blocks ([`inefficient`]), step leaks and
+//! gaps ([`steps`]). They keep numbers; `output` writes their files (`output::decompose`,
+//! and `output::leaks` for the blocks still live when a process ends).
 //!
-//! Uses `state` (blocks), `events` (pool kinds), `output` (to write their files), `digits`
-//! and `log`. Never `trace`, `session`, `report` or `agent` (tests/layout.rs checks it).
+//! Uses `events` (pool kinds) and `log`. Never `state` (which feeds them), `output`, `trace`,
+//! `session`, `report` or `agent` (tests/layout.rs checks it).
 
 pub mod decompose;
 pub mod inefficient;
-pub mod leaks;
 pub mod steps;

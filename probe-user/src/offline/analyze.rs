@@ -19,15 +19,15 @@ use anyhow::Result;
 
 use super::reader::{self, DumpRow, Loc, parse_ptr};
 use crate::{
-    analysis::{
-        leaks::{self, LeakCause, ProcessLeaks},
-        steps::{Gaps, LiveBlock, StepLeaks},
-    },
+    analysis::steps::{Gaps, LiveBlock, StepLeaks},
     cli::{self, Options, UNKNOWN_DEVICE_ID},
     events::hal::{DEVICE_CPU, PageType},
     events::pools::PoolKind,
     log,
-    output::{DeviceKey, ProcessOutput},
+    output::{
+        DeviceKey, ProcessOutput,
+        leaks::{self, LeakCause, ProcessLeaks},
+    },
     state::{Block, BlockKind},
 };
 

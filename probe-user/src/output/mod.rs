@@ -3,15 +3,20 @@
 //! (`.db` with `--format=db`).
 //!
 //! Stage 5, the writers: rows (`state::Row`, re-exported here) to CSV ([`csv`]) or SQLite
-//! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]).
+//! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]),
+//! the leak report of the blocks still live when a process ends ([`leaks`]), and the files of
+//! the analyses (`decompose.rs`: `Decompose::write_csv`).
 //!
-//! Uses `state` (the rows), `cli` (the format option), `digits` and `log`. Never `trace`,
-//! `events`, `session`, `analysis`, `report` or `agent` (tests/layout.rs checks it).
+//! Uses `state` (rows, live blocks), `analysis` (what to write), `cli` (the format option),
+//! `digits` and `log`. Never `trace`, `events`, `session`, `report` or `agent`
+//! (tests/layout.rs checks it).
 
 pub mod attr;
 pub mod csv;
 pub mod db;
+mod decompose;
 pub mod fsutil;
+pub mod leaks;
 
 pub use crate::state::{DeviceKey, Row};
 pub use csv::ProcessOutput;

@@ -13,7 +13,6 @@ mod call_stacks;
 mod processes;
 mod records;
 
-use crate::analysis::leaks::{LeakCause, ProcessLeaks};
 use crate::cli::DataFormat;
 use crate::events::decode;
 use crate::events::decode::{CallEvent, Decoded};
@@ -21,6 +20,7 @@ use crate::events::kernels::KernelNames;
 use crate::events::pystacks::{PyStack, PyStacks};
 use crate::events::stacks::{StackResolver, StackSample};
 use crate::log;
+use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::output::{ProcessOutput, Row};
 use crate::state::{ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
