@@ -1,5 +1,8 @@
 //! `memscope_dump_<ts>.csv` (or `.db` with `--format=db`), written row by row as events arrive
 //! (time order), one file per device of each traced process.
+//!
+//! Here: one process's files (rotation, failures, flushes); `csv/format.rs` turns a row into
+//! its CSV line, `csv/file.rs` buffers whole lines into one file.
 
 mod file;
 mod format;
