@@ -19,10 +19,10 @@
 use std::{path::PathBuf, time::Instant};
 
 use memscope_bpf::{
-    cli::{DataFormat, DeviceFilter, EventSet},
     events::decode::{self, Decoded},
     output::ProcessOutput,
     output::leaks,
+    settings::{DataFormat, DeviceFilter, EventSet},
     state::{ProcessState, StepFilter, TrackOptions},
     trace::probes::ProbeId,
 };

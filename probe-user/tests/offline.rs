@@ -14,10 +14,10 @@ use std::{
 
 use common::{TRACER, find_files, run_tracer, scratch};
 use memscope_bpf::{
-    cli::DataFormat,
     offline::reader::{self, DumpKind, DumpRow},
     output::leaks::LEAKS_HEADER,
     output::{DeviceKey, ProcessOutput, Row, csv::CSV_HEADER, csv::quote_text},
+    settings::DataFormat,
     state::module_label,
 };
 use rusqlite::Connection;

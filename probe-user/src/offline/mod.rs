@@ -7,7 +7,7 @@
 //! exit code 2 with the file and line in the message.
 //!
 //! A second entry, after the run: uses `analysis`, `state`, `events`, `output`, `cli`,
-//! `digits` and `log`; never `trace`, `session`, `report` or `agent` (tests/layout.rs).
+//! `settings`, `digits` and `log`; never `trace`, `session`, `report` or `agent` (tests/layout.rs).
 
 pub mod analyses;
 pub mod analyze;
@@ -16,7 +16,8 @@ pub mod reader;
 
 use std::{fmt, path::Path};
 
-use crate::cli::MAX_COMPARE_INPUT_BYTES;
+/// Largest accepted input dump (8 GiB).
+pub const MAX_COMPARE_INPUT_BYTES: u64 = 8 << 30;
 
 /// Something wrong with an input file: where (file, and line or row when known) and what.
 #[derive(Clone, Debug, PartialEq, Eq)]

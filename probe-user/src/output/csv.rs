@@ -15,7 +15,7 @@ pub use file::MAX_WAITING_BYTES;
 
 use super::db::DbWriter;
 use super::{DeviceKey, fsutil, local_timestamp};
-use crate::cli::DataFormat;
+use crate::settings::DataFormat;
 use anyhow::{Context, Result};
 use file::{CSV_BUFFER, CsvFile};
 use std::io::Write;

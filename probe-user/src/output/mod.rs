@@ -7,11 +7,12 @@
 //! the leak report of the blocks still live when a process ends ([`leaks`]), and the files of
 //! the analyses (`decompose.rs`: `Decompose::write_csv`).
 //!
-//! Uses `state` (rows, live blocks), `analysis` (what to write), `cli` (the format option),
-//! `digits` and `log`. Never `trace`, `events`, `session`, `report` or `agent`
-//! (tests/layout.rs checks it).
+//! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `cli` (config.json
+//! records the options as given), `digits` and `log`. Never `trace`, `events`, `session`,
+//! `report` or `agent` (tests/layout.rs checks it).
 
 pub mod attr;
+pub mod config_json;
 pub mod csv;
 pub mod db;
 mod decompose;

@@ -6,14 +6,13 @@
 //! ends). Files: `records` (one ring-buffer record at a time), `call_stacks` (C and Python
 //! stacks joined to their call), `processes` (processes coming and going).
 //!
-//! Uses every stage above (`trace`, `events`, `state`, `analysis`, `output`), `cli` and
-//! `log`; used by `main` and `agent` only.
+//! Uses every stage above (`trace`, `events`, `state`, `analysis`, `output`), `settings`
+//! and `log`; used by `main` and `agent` only.
 
 mod call_stacks;
 mod processes;
 mod records;
 
-use crate::cli::DataFormat;
 use crate::events::decode;
 use crate::events::decode::{CallEvent, Decoded};
 use crate::events::kernels::KernelNames;
@@ -22,6 +21,7 @@ use crate::events::stacks::{StackResolver, StackSample};
 use crate::log;
 use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::output::{ProcessOutput, Row};
+use crate::settings::DataFormat;
 use crate::state::{ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};

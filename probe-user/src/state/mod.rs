@@ -7,7 +7,7 @@
 //! (`rows`: the row is defined where it is built; `output` only writes it), mstx steps
 //! (`steps`).
 //!
-//! Uses `events`, `trace` (probe ids, op names), `cli` (option types), `digits`, and the
+//! Uses `events`, `trace` (probe ids, op names), `settings`, `digits`, and the
 //! online analyzers of `analysis` it feeds as each call is applied (decompose, inefficient,
 //! step leaks). Never `session`, `output`, `report`, `offline` or `agent` (tests/layout.rs).
 
@@ -29,12 +29,12 @@ pub use steps::StepFilter;
 use crate::analysis::decompose::Decompose;
 use crate::analysis::inefficient::InefficientAnalyzer;
 use crate::analysis::steps::{Gaps, StepLeaks};
-use crate::cli::{DeviceFilter, EventSet};
 use crate::events::decode::CallEvent;
 use crate::events::hal::PageType;
 use crate::events::labels::{Labels, ThreadLabels};
 use crate::events::pools::{PoolKind, Pools};
 use crate::events::{hal, labels};
+use crate::settings::{DeviceFilter, EventSet};
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
