@@ -15,6 +15,7 @@ use std::{
     os::unix::{ffi::OsStrExt, fs::MetadataExt},
     path::{Path, PathBuf},
     sync::Arc,
+    time::Instant,
 };
 
 use anyhow::Result;
@@ -139,7 +140,7 @@ pub struct Planner {
     explicit: Vec<PathBuf>,
     seen_inodes: HashSet<(u64, u64)>,
     seen_paths: HashSet<PathBuf>,
-    elf_cache: HashMap<FileId, Result<Arc<ElfObject>, String>>,
+    elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
     ld_cache: Option<HashMap<String, PathBuf>>,
@@ -198,19 +199,32 @@ impl Planner {
 
     /// Launch mode: everything the program will load that we can predict, before it runs.
     pub fn plan_launch(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
+        let started = Instant::now();
         self.attach_explicit(bpf)?;
         let runpaths = self.attach_closure(bpf, program, env)?;
         self.attach_known_libraries(bpf, env, &runpaths)?;
+        self.said_how_long(started, &program.display().to_string());
         Ok(())
+    }
+
+    /// For `--log-level=debug`: what planning took, and how many objects it read so far.
+    fn said_how_long(&mut self, started: Instant, what: &str) {
+        self.debug.push(format!(
+            "planned {what} in {:.1} ms ({} objects read in all)",
+            started.elapsed().as_secs_f64() * 1e3,
+            self.elf_cache.len()
+        ));
     }
 
     /// Attach mode: what the process has mapped, plus what it may load later.
     pub fn plan_process(&mut self, bpf: &mut Bpf, pid: u32) -> Result<()> {
         self.attach_explicit(bpf)?;
         let env = TargetEnv::of_process(pid);
+        let started = Instant::now();
         let mut runpaths = Vec::new();
         self.scan_maps(bpf, pid, &mut runpaths)?;
         self.attach_known_libraries(bpf, &env, &runpaths)?;
+        self.said_how_long(started, &format!("pid {pid}"));
         Ok(())
     }
 
@@ -407,14 +421,16 @@ impl Planner {
     fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
         let meta =
             fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
-        let id = FileId::of(&meta);
-        if let Some(c) = self.elf_cache.get(&id) {
+        let lookup = planner_lookup(host);
+        // An op library's parse holds its operator functions too.
+        let key = (FileId::of(&meta), lookup.scan.is_some());
+        if let Some(c) = self.elf_cache.get(&key) {
             return c.clone();
         }
-        let parsed = ElfObject::open_filtered(host, &probed_symbol)
+        let parsed = ElfObject::open_lookup(host, &lookup)
             .map(Arc::new)
             .map_err(|e| format!("{e:#}"));
-        self.elf_cache.insert(id, parsed.clone());
+        self.elf_cache.insert(key, parsed.clone());
         parsed
     }
 
@@ -682,12 +698,29 @@ impl TargetEnv {
     }
 }
 
-/// The symbols the planner looks up in an object: the probed functions and their `.cold`
-/// parts (everything else in a large library's tables is skipped while parsing).
-fn probed_symbol(name: &str) -> bool {
-    static NAMES: std::sync::OnceLock<HashSet<&'static str>> = std::sync::OnceLock::new();
-    let names = NAMES.get_or_init(|| PROBES.iter().map(|p| p.symbol).collect());
-    names.contains(name.strip_suffix(".cold").unwrap_or(name)) || aclnn::is_op_function(name)
+/// The symbols the planner reads from the object at `host`: the probed functions (looked up
+/// by hash, no pass over a large library's tables), the `.cold` parts of those whose returns
+/// are seen at their return instructions, and every operator function of an op library.
+fn planner_lookup(host: &Path) -> memscope_symbols::elf::Lookup<'static> {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let mut names: Vec<&'static str> = PROBES.iter().map(|p| p.symbol).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    });
+    let op_library = host
+        .file_name()
+        .is_some_and(|n| aclnn::is_op_library(&n.to_string_lossy()));
+    memscope_symbols::elf::Lookup {
+        names,
+        scan: op_library.then_some(&aclnn::is_op_function as &dyn Fn(&str) -> bool),
+        cold_of: &|name| {
+            PROBES
+                .iter()
+                .any(|p| p.symbol == name && p.spec.flags & probe_common::spec_flags::NESTED != 0)
+        },
+    }
 }
 
 fn memchr_so(name: &[u8]) -> bool {
