@@ -203,6 +203,7 @@ impl Planner {
         self.attach_explicit(bpf)?;
         let runpaths = self.attach_closure(bpf, program, env)?;
         self.attach_known_libraries(bpf, env, &runpaths)?;
+        self.attach_python_extensions(bpf, program, env)?;
         self.said_how_long(started, &program.display().to_string());
         Ok(())
     }
@@ -259,7 +260,53 @@ impl Planner {
         } else {
             PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
         };
-        self.consider(bpf, &full, path, false)
+        let first_time = !self.seen_paths.contains(&full);
+        self.consider(bpf, &full, path, false)?;
+        if first_time {
+            // The loader opens its dependencies next, and each unplanned one would stop the
+            // process again (launch mode): plan them while it is held for this one.
+            self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid))?;
+        }
+        Ok(())
+    }
+
+    /// A Python interpreter imports its standard extension modules (`lib-dynload`) one by
+    /// one: planned ahead, with what they link, none of them stops the program.
+    fn attach_python_extensions(
+        &mut self,
+        bpf: &mut Bpf,
+        program: &Path,
+        env: &TargetEnv,
+    ) -> Result<()> {
+        let is_python = program
+            .file_name()
+            .is_some_and(|n| n.as_bytes().starts_with(b"python"));
+        // A venv's python is a link to the base interpreter, whose prefix holds the modules.
+        let Some(prefix) = is_python
+            .then(|| fs::canonicalize(program).ok())
+            .flatten()
+            .and_then(|real| Some(real.parent()?.parent()?.to_path_buf()))
+        else {
+            return Ok(());
+        };
+        let Ok(lib) = fs::read_dir(prefix.join("lib")) else {
+            return Ok(());
+        };
+        for version in lib.flatten() {
+            if !version.file_name().as_bytes().starts_with(b"python") {
+                continue;
+            }
+            let Ok(modules) = fs::read_dir(version.path().join("lib-dynload")) else {
+                continue;
+            };
+            for module in modules.flatten() {
+                let path = module.path();
+                if memchr_so(module.file_name().as_bytes()) {
+                    self.attach_closure(bpf, &path, env)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Looks for new file mappings of a process (libraries loaded by means we did not see).

@@ -423,7 +423,7 @@ impl Session {
                     dfd,
                     path,
                     stopped,
-                    ..
+                    ts_mono,
                 } => {
                     if let Some(r) = &mut self.stacks {
                         r.invalidate(*pid);
@@ -433,7 +433,11 @@ impl Session {
                     // Python has mapped libpython by the time it opens anything else.
                     self.configure_python(*pid, true);
                     if *stopped {
-                        log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
+                        log::debug(&format!(
+                            "pid {pid} stopped at open of {} (held {:.2} ms)",
+                            path.display(),
+                            clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(*ts_mono) as f64 / 1e6
+                        ));
                         self.bpf
                             .mark_known_path(path.as_os_str().as_encoded_bytes());
                     }
