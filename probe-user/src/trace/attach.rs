@@ -40,6 +40,9 @@ pub struct Planner {
     explicit: Vec<PathBuf>,
     seen_inodes: HashSet<(u64, u64)>,
     seen_paths: HashSet<PathBuf>,
+    /// DT_NEEDED names already followed: the loader opens a name once per process (later
+    /// objects needing it bind to the loaded one), so a stop need not resolve it again.
+    needed_seen: HashSet<String>,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
@@ -65,6 +68,7 @@ impl Planner {
             explicit,
             seen_inodes: HashSet::new(),
             seen_paths: HashSet::new(),
+            needed_seen: HashSet::new(),
             elf_cache: HashMap::new(),
             warned: HashSet::new(),
             ld_cache: None,
@@ -162,10 +166,13 @@ impl Planner {
         };
         let first_time = !self.seen_paths.contains(&full);
         self.consider(bpf, &full, path, false)?;
-        if first_time {
-            // The loader opens its dependencies next, and each unplanned one would stop the
-            // process again (launch mode): plan them while it is held for this one.
-            self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid))?;
+        // The loader opens its dependencies next, and each unplanned one would stop the
+        // process again (launch mode): plan them while it is held for this one.
+        if first_time
+            && let Some(obj) = self.parse(&full)
+            && obj.needed.iter().any(|n| !self.needed_seen.contains(n))
+        {
+            self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
         }
         Ok(())
     }
@@ -247,15 +254,18 @@ impl Planner {
         program: &Path,
         env: &TargetEnv,
     ) -> Result<Vec<PathBuf>> {
-        self.attach_closure_shown(bpf, program, program, env)
+        self.attach_closure_shown(bpf, program, program, env, false)
     }
 
+    /// As `attach_closure`, `shown` being the path as the target names it; `only_new`
+    /// follows only DT_NEEDED names not followed before.
     fn attach_closure_shown(
         &mut self,
         bpf: &mut Bpf,
         program: &Path,
         shown: &Path,
         env: &TargetEnv,
+        only_new: bool,
     ) -> Result<Vec<PathBuf>> {
         let mut dirs = Vec::new();
         let mut queue = VecDeque::from([(program.to_path_buf(), shown.to_path_buf())]);
@@ -277,6 +287,9 @@ impl Planner {
             dirs.extend(runpath.iter().cloned());
             dirs.extend(rpath.iter().cloned());
             for needed in &obj.needed {
+                if !self.needed_seen.insert(needed.clone()) && only_new {
+                    continue;
+                }
                 if let Some(found) = self.resolve_library(needed, &rpath, env, &runpath) {
                     queue.push_back((env.host_path(&found), found));
                 }

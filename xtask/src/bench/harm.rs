@@ -559,33 +559,41 @@ impl Bench {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         dsos.sort();
+        // Tens of milliseconds that other processes' bursts swing by as much: several runs
+        // per configuration and round, their median; the order rotates from round to round.
+        let reps = if self.opts.quick { 3 } else { 5 };
         for round in 0..rounds {
-            for probes in ALL {
-                let out_dir = self.scratch.join("harm-startup");
-                let _ = fs::remove_dir_all(&out_dir);
-                let mut c = if probes == Probes::None {
-                    Command::new(self.bin.join("bench_dlopen"))
-                } else {
-                    let mut c = self.tracer(probes, &out_dir);
-                    c.env("MEMSCOPE_BPF_DETACH", "foreground")
-                        .arg("--")
-                        .arg(self.bin.join("bench_dlopen"));
-                    c
-                };
-                c.args(&dsos);
-                let started = Instant::now();
-                let out = self.exec(c)?;
-                let wall = started.elapsed().as_secs_f64() * 1e3;
-                let own = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e6;
+            for k in 0..ALL.len() {
+                let probes = ALL[(round + k) % ALL.len()];
+                let (mut own, mut wall) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let out_dir = self.scratch.join("harm-startup");
+                    let _ = fs::remove_dir_all(&out_dir);
+                    let mut c = if probes == Probes::None {
+                        Command::new(self.bin.join("bench_dlopen"))
+                    } else {
+                        let mut c = self.tracer(probes, &out_dir);
+                        c.env("MEMSCOPE_BPF_DETACH", "foreground")
+                            .arg("--")
+                            .arg(self.bin.join("bench_dlopen"));
+                        c
+                    };
+                    c.args(&dsos);
+                    let started = Instant::now();
+                    let out = self.exec(c)?;
+                    wall.push(started.elapsed().as_secs_f64() * 1e3);
+                    own.push(result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e6);
+                }
+                let key = probes.key();
                 self.sample(
                     SECTION,
                     "dlopen_200",
-                    probes.key(),
+                    key,
                     round,
                     "program_ms",
-                    own,
+                    median(&own),
                 );
-                self.sample(SECTION, "dlopen_200", probes.key(), round, "wall_ms", wall);
+                self.sample(SECTION, "dlopen_200", key, round, "wall_ms", median(&wall));
             }
         }
         writeln!(
@@ -594,7 +602,8 @@ impl Bench {
              `bench_dlopen` dlopens 200 small libraries by path (none holds a probed function; \
              none was planned, so each open is an unplanned shared object). *program*: its \
              own time from `main` to the last `dlopen`; *wall*: the whole command, tracer \
-             start-up (BPF load) and exit included.\n"
+             start-up (BPF load) and exit included. {rounds} rounds, the order rotating; in \
+             each, the median of {reps} runs per configuration.\n"
         )?;
         writeln!(
             md,
