@@ -43,6 +43,8 @@ pub struct Planner {
     /// DT_NEEDED names already followed: the loader opens a name once per process (later
     /// objects needing it bind to the loaded one), so a stop need not resolve it again.
     needed_seen: HashSet<String>,
+    /// Directories whose shared objects were all planned at a stop (`plan_siblings`).
+    planned_dirs: HashSet<PathBuf>,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
@@ -69,6 +71,7 @@ impl Planner {
             seen_inodes: HashSet::new(),
             seen_paths: HashSet::new(),
             needed_seen: HashSet::new(),
+            planned_dirs: HashSet::new(),
             elf_cache: HashMap::new(),
             warned: HashSet::new(),
             ld_cache: None,
@@ -173,6 +176,39 @@ impl Planner {
             && obj.needed.iter().any(|n| !self.needed_seen.contains(n))
         {
             self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
+        }
+        if first_time {
+            self.plan_siblings(bpf, &full, path)?;
+        }
+        Ok(())
+    }
+
+    /// A program that opens one unplanned shared object of a directory (a plugin or
+    /// extension directory) often opens its siblings next, each a stop of its own in launch
+    /// mode: the directory's shared objects are planned at the first one, when it holds at
+    /// most `MAX_SIBLINGS` (a system library directory with thousands is left alone).
+    fn plan_siblings(&mut self, bpf: &mut Bpf, full: &Path, shown: &Path) -> Result<()> {
+        const MAX_SIBLINGS: usize = 256;
+        let (Some(dir), Some(shown_dir)) = (full.parent(), shown.parent()) else {
+            return Ok(());
+        };
+        if !self.planned_dirs.insert(dir.to_path_buf()) {
+            return Ok(());
+        }
+        let Ok(entries) = fs::read_dir(dir) else {
+            return Ok(());
+        };
+        let names: Vec<std::ffi::OsString> = entries
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| memchr_so(n.as_bytes()))
+            .take(MAX_SIBLINGS + 1)
+            .collect();
+        if names.len() > MAX_SIBLINGS {
+            return Ok(());
+        }
+        for name in names {
+            self.consider(bpf, &dir.join(&name), &shown_dir.join(&name), false)?;
         }
         Ok(())
     }
