@@ -148,42 +148,47 @@ fn python_stacks_match_the_programs_own_tracebacks() {
     }
     let _serial = serial();
     for (version, python) in interpreters() {
-        let dir = scratch(&format!("python_stacks_{version}"));
-        let log = dir.join("gt.log");
-        let out_dir = dir.join("out");
-        let out = run_tracer(&[
-            "-o",
-            out_dir.to_str().unwrap(),
-            "--call-stack=python",
-            "--",
-            python.to_str().unwrap(),
-            script().to_str().unwrap(),
-            "--lib-dir",
-            fixtures().join("lib").to_str().unwrap(),
-            "--log",
-            log.to_str().unwrap(),
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{version}: {stderr}");
-        let text = std::fs::read_to_string(&log).unwrap();
-        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
-        let logged = logged_stacks(&text);
-        // The recursion, generator, coroutine, method and thread are all there.
-        let all: String = logged.values().cloned().collect();
-        for needle in [
-            "): recurse\n",
-            "): generate\n",
-            "): inner_coro\n",
-            "): outer_coro\n",
-            "): grab\n",
-            "): release\n",
-            "): in_thread\n",
-        ] {
-            assert!(all.contains(needle), "{version}: no {needle:?} in the log");
-        }
-        assert_same_stacks(&version, &traced_stacks(&out_dir, pid), &logged);
-        eprintln!("python {version} ({}): stacks match", python.display());
+        check_launch_mode(&version, &python, &format!("python_stacks_{version}"));
     }
+}
+
+/// Launch mode: py_stacks.py under `--call-stack=python`, every row's stack against the log.
+fn check_launch_mode(version: &str, python: &std::path::Path, scratch_name: &str) {
+    let dir = scratch(scratch_name);
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        python.to_str().unwrap(),
+        script().to_str().unwrap(),
+        "--lib-dir",
+        fixtures().join("lib").to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+    let logged = logged_stacks(&text);
+    // The recursion, generator, coroutine, method and thread are all there.
+    let all: String = logged.values().cloned().collect();
+    for needle in [
+        "): recurse\n",
+        "): generate\n",
+        "): inner_coro\n",
+        "): outer_coro\n",
+        "): grab\n",
+        "): release\n",
+        "): in_thread\n",
+    ] {
+        assert!(all.contains(needle), "{version}: no {needle:?} in the log");
+    }
+    assert_same_stacks(version, &traced_stacks(&out_dir, pid), &logged);
+    eprintln!("python {version} ({}): stacks match", python.display());
 }
 
 /// py-spy from PATH, or beside the interpreter pip put it with.
@@ -202,12 +207,18 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     }
     let _serial = serial();
     let (_, python) = interpreters().remove(0);
-    let dir = scratch("python_stacks_attach");
+    check_attach_mode(&python, "python_stacks_attach");
+}
+
+/// `--pid` mode: py_stacks.py started on its own, the tracer attached before its first HAL
+/// call; every row's stack against the log, and py-spy's dump of the paused allocation.
+fn check_attach_mode(python: &std::path::Path, scratch_name: &str) {
+    let dir = scratch(scratch_name);
     let log = dir.join("gt.log");
     let go = dir.join("go");
     let resume = dir.join("resume");
     let out_dir = dir.join("out");
-    let mut target = Command::new(&python)
+    let mut target = Command::new(python)
         .args([
             script().to_str().unwrap(),
             "--lib-dir",
@@ -239,7 +250,7 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     let paused_tid = log_lines(&text, "PAUSED")[0]["tid"].to_string();
 
     // py-spy stops the target (ptrace) and reads its frames itself.
-    let dump = Command::new(py_spy(&python))
+    let dump = Command::new(py_spy(python))
         .args(["dump", "--json", "--pid", &pid.to_string()])
         .output()
         .expect("run py-spy (cargo xtask setup installs it)");
@@ -257,7 +268,11 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     let text = std::fs::read_to_string(&log).unwrap();
     let logged = logged_stacks(&text);
     let traced = traced_stacks(&out_dir, pid);
-    assert_same_stacks("attach mode", &traced, &logged);
+    assert_same_stacks(
+        &format!("attach mode, {}", python.display()),
+        &traced,
+        &logged,
+    );
 
     // py-spy's view of the paused thread: wait_for <- pause <- paused_alloc (the HAL call's
     // line) <- ...; below `pause` it must be our row's stack.
@@ -280,6 +295,44 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
         frames_text(&spy[2..]),
         "py-spy vs tracer"
     );
+}
+
+/// A python whose interpreter is linked into the executable (Debian's /usr/bin/python3: no
+/// libpython is mapped), where `_PyRuntime` is found in the binary's own symbols.
+fn static_python() -> Option<(String, PathBuf)> {
+    let mut candidates: Vec<PathBuf> = vec!["/usr/bin/python3".into()];
+    candidates.extend((11..=13).map(|m| PathBuf::from(format!("/usr/bin/python3.{m}"))));
+    candidates.into_iter().find_map(|p| {
+        // The interpreter's own view: its version, and whether any libpython is mapped.
+        let out = Command::new(&p)
+            .args([
+                "-c",
+                "import ctypes, sys; print('%d.%d' % sys.version_info[:2], \
+                 'libpython' in open('/proc/self/maps').read())",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (version, shared) = text.trim().split_once(' ')?;
+        let known = ["3.11", "3.12", "3.13"].contains(&version);
+        (out.status.success() && known && shared == "False").then(|| (version.to_string(), p))
+    })
+}
+
+#[test]
+fn a_statically_linked_python_has_the_same_stacks_in_both_modes() {
+    let test = "a_statically_linked_python_has_the_same_stacks_in_both_modes";
+    if !require_root(test) {
+        return;
+    }
+    let Some((version, python)) = static_python() else {
+        eprintln!("SKIPPED {test}: no statically linked python3.11-3.13 in /usr/bin");
+        println!("SKIPPED {test}: no static python");
+        return;
+    };
+    let _serial = serial();
+    check_launch_mode(&version, &python, "python_stacks_static");
+    check_attach_mode(&python, "python_stacks_static_attach");
 }
 
 /// (file, line, function) of one thread in `py-spy dump --json` output, innermost first.
