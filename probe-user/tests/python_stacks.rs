@@ -335,6 +335,92 @@ fn a_statically_linked_python_has_the_same_stacks_in_both_modes() {
     check_attach_mode(&python, "python_stacks_static_attach");
 }
 
+/// (event, address, stack) of the program's HAL calls in its log's order.
+fn logged_calls(log: &str) -> Vec<(String, u64, String)> {
+    log.lines()
+        .filter_map(|line| {
+            let event = match line.split(' ').next() {
+                Some("ALLOC") => "MALLOC",
+                Some("FREE") => "FREE",
+                _ => return None,
+            };
+            let stack = line.split_once(" stack=").expect("stack field").1;
+            Some((
+                event.to_string(),
+                hex(log_fields(line)["addr"]),
+                frames_text(&parse_frames(stack)),
+            ))
+        })
+        .collect()
+}
+
+/// Calls made inside sub-interpreters (tests/fixtures/python/py_subinterp.py): on the main
+/// thread, which also has a thread state in the main interpreter (suspended in the call that
+/// runs the sub-interpreter, and used again after it while the sub-interpreter lives on), and
+/// on a second thread. Each row's Python stack is the sub-interpreter's own frames, as the
+/// program logged them, and the main interpreter's calls keep theirs; launch mode, 3.11
+/// (`_xxsubinterpreters`), 3.12 and 3.13 (`_interpreters`).
+#[test]
+fn calls_in_sub_interpreters_have_the_sub_interpreters_frames() {
+    if !require_root("calls_in_sub_interpreters_have_the_sub_interpreters_frames") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_subinterp_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=python",
+            "--",
+            python.to_str().unwrap(),
+            repo_root()
+                .join("tests/fixtures/python/py_subinterp.py")
+                .to_str()
+                .unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        // The program did what it says: calls in two sub-interpreters, on two threads, and in
+        // the main interpreter on the main thread after its sub-interpreter ran.
+        let calls = log_lines(&text, "ALLOC")
+            .into_iter()
+            .chain(log_lines(&text, "FREE"))
+            .map(|f| (f["interp"].to_string(), f["tid"].to_string()))
+            .collect::<std::collections::BTreeSet<_>>();
+        let main_tid = pid.to_string();
+        assert!(
+            calls.contains(&("0".into(), main_tid.clone())),
+            "{version}: {text}"
+        );
+        let subs: Vec<_> = calls.iter().filter(|(i, _)| i != "0").collect();
+        assert_eq!(subs.len(), 2, "{version}: {calls:?}");
+        assert!(
+            subs.iter().any(|(_, t)| *t == main_tid) && subs.iter().any(|(_, t)| *t != main_tid)
+        );
+
+        let logged = logged_calls(&text);
+        assert_eq!(logged.len(), 12, "{version}: {text}");
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
+            .into_iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
+            .collect();
+        assert_eq!(traced, logged, "{version}: Python stacks, in order");
+        eprintln!("python {version}: sub-interpreter stacks match");
+    }
+}
+
 /// (file, line, function) of one thread in `py-spy dump --json` output, innermost first.
 fn py_spy_frames(json: &str, os_tid: &str) -> Vec<(String, u32, String)> {
     let start = json
