@@ -17,7 +17,10 @@ use probe_common::{
     PyProcess, PyStackEvent, counter, py_flags,
 };
 
-use crate::{BPF_RB_NO_WAKEUP, EVENTS, bump, offsets};
+use crate::{
+    emit::BPF_RB_NO_WAKEUP,
+    maps::{EVENTS, bump, offsets},
+};
 
 /// pid -> where its interpreter keeps threads and frames (written by user space).
 #[map]

@@ -1,0 +1,99 @@
+//! Sending records to user space through `EVENTS`: when a record wakes the reader (process
+//! events and stops at once, calls in batches of ~256 KiB), stopping the calling thread
+//! before a record it must be held for, and filling the per-CPU scratch event's header.
+
+use aya_ebpf::helpers::{
+    bpf_ktime_get_ns,
+    generated::{bpf_get_smp_processor_id, bpf_send_signal_thread},
+};
+use probe_common::{DATA_LEN, MAX_ARGS, RAW_HEADER, RawEvent, SIGSTOP, counter, event_flags, kind};
+
+use crate::maps::{EVENTS, SCRATCH, bump};
+
+/// `bpf_ringbuf_output` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
+pub(crate) const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+pub(crate) const BPF_RB_AVAIL_DATA: u64 = 0;
+pub(crate) const BPF_RB_RING_SIZE: u64 = 1;
+/// Call events wake user space only once this much is waiting (about 700 records); below it
+/// the session's 100 ms tick drains them. A wakeup per event (irq_work + a context switch
+/// for every call) was most of our cost above the empty-program floor.
+const WAKE_AFTER_BYTES: u64 = 256 << 10;
+
+/// Wakeup flags for a batched record (a call or a batch chunk not stopping the process).
+#[inline(always)]
+pub(crate) fn batched_wake_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
+#[inline(always)]
+pub(crate) fn emit(ev: &RawEvent) {
+    // Process-tree and library events, and anything that stopped the process, wake user
+    // space at once (a library being opened must get its probes before the target calls
+    // into it; a stopped process waits for us); calls and batch chunks are batched.
+    let batched =
+        (ev.kind == kind::CALL || ev.kind == kind::CHUNK) && ev.flags & event_flags::STOPPED == 0;
+    // (Forced: with batched records still unread, the default would not wake it.)
+    let flags = if batched {
+        batched_wake_flags()
+    } else {
+        BPF_RB_FORCE_WAKEUP
+    };
+    // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
+    // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
+    // and chunks stay under it), so the mask never cuts data.
+    let len = RAW_HEADER + (ev.data_len as usize & (DATA_LEN - 1));
+    let bytes = unsafe { core::slice::from_raw_parts(ev as *const RawEvent as *const u8, len) };
+    if EVENTS.output::<[u8]>(bytes, flags).is_err() {
+        bump(counter::RINGBUF_FULL);
+    }
+}
+
+/// Emits `ev`, stopping the calling thread first when `stop`. The record is reserved before
+/// the signal: a process stopped by an event that never reached user space would never be
+/// resumed (seen with `--call-stack=c` on a tight loop, whose stack copies fill the ring).
+/// Without room the event is lost (counted) and the process runs on.
+#[inline(always)]
+pub(crate) fn emit_stopping(ev: &mut RawEvent, stop: bool) {
+    if !stop {
+        emit(ev);
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
+        bump(counter::RINGBUF_FULL);
+        return;
+    };
+    if stop_current_thread() {
+        ev.flags |= event_flags::STOPPED;
+    }
+    entry.write(*ev);
+    entry.submit(BPF_RB_FORCE_WAKEUP);
+}
+
+/// Takes the per-CPU scratch event and fills the header.
+#[inline(always)]
+pub(crate) fn scratch(kind_: u16, tgid: u32, tid: u32) -> Option<&'static mut RawEvent> {
+    let ev = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+    ev.kind = kind_;
+    ev.flags = 0;
+    ev.probe = 0;
+    ev.data_len = 0;
+    ev.pid = tgid;
+    ev.tid = tid;
+    ev.cpu = unsafe { bpf_get_smp_processor_id() };
+    ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+    ev.ret_ts_ns = 0;
+    ev.args = [0; MAX_ARGS];
+    ev.ret = 0;
+    ev.deref = 0;
+    Some(ev)
+}
+
+#[inline(always)]
+fn stop_current_thread() -> bool {
+    unsafe { bpf_send_signal_thread(SIGSTOP) == 0 }
+}
