@@ -1,9 +1,10 @@
 //! Python stacks (`--call-stack=python`): at a traced call of a process that runs CPython,
 //! find the calling thread's `PyThreadState` (the interpreters' thread lists, matched by
-//! `native_thread_id`, cached per thread) and send its `_PyInterpreterFrame` chain: each
-//! frame's code object and instruction pointer. User space reads the code objects and line
-//! tables. The thread is inside the probe, so its own chain cannot change while it is read;
-//! a failed read or a chain that loops is still flagged, never followed further.
+//! `native_thread_id`, cached per thread while one interpreter runs) and send its
+//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. User space
+//! reads the code objects and line tables. The thread is inside the probe, so its own chain
+//! cannot change while it is read; a failed read or a chain that loops is still flagged, never
+//! followed further.
 
 use core::ffi::c_void;
 
@@ -13,8 +14,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use probe_common::{
-    PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord,
-    PyProcess, PyStackEvent, counter, py_flags,
+    PY_FRAME_HAS_IDS, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND,
+    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_ids, py_flags,
 };
 
 use crate::{
@@ -304,8 +305,16 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if w.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, w.p.frame_is_entry) != 0 {
         meta |= 1 << 8;
     }
+    let code = field_u64(buf, w.p.frame_code);
+    // The code object's identity now: it may be freed before user space reads it.
+    if w.p.code_ids != PY_NO_OFFSET && code != 0 {
+        let at = code.wrapping_add(w.p.code_ids as u64);
+        if let Ok(words) = unsafe { bpf_probe_read_user(at as *const [u64; 4]) } {
+            meta |= PY_FRAME_HAS_IDS | (py_code_ids(words) << 32);
+        }
+    }
     let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
-    slot.code = field_u64(buf, w.p.frame_code);
+    slot.code = code;
     slot.instr = field_u64(buf, w.p.frame_instr);
     slot.meta = meta;
     w.n += 1;

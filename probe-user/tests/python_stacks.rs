@@ -421,6 +421,85 @@ fn calls_in_sub_interpreters_have_the_sub_interpreters_frames() {
     }
 }
 
+/// py_subinterp.py `--let-code-go`: the `run_string` code and each sub-interpreter's code are
+/// freed right after its last call, before the tracer reads them, and the allocator hands their
+/// memory to new code objects. A frame is then the program's own frame, or says that its code
+/// object is gone, or (a code object whose memory still reads as it was, with its line table
+/// already reused) has the program's file and function with the line unknown
+/// (docs/call-stacks.md): never another code object's name or another line. The main
+/// interpreter's frames (alive all along) are exact.
+#[test]
+fn freed_code_objects_are_marked_never_named_after_their_successors() {
+    if !require_root("freed_code_objects_are_marked_never_named_after_their_successors") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_freed_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=python",
+            "--",
+            python.to_str().unwrap(),
+            repo_root()
+                .join("tests/fixtures/python/py_subinterp.py")
+                .to_str()
+                .unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+            "--let-code-go",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let logged = logged_calls(&text);
+        let in_main: Vec<bool> = text
+            .lines()
+            .filter(|l| l.starts_with("ALLOC ") || l.starts_with("FREE "))
+            .map(|l| log_fields(l)["interp"] == "0")
+            .collect();
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
+            .into_iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
+            .collect();
+        assert_eq!(traced.len(), logged.len(), "{version}: rows");
+        let mut gone = 0;
+        for ((t, l), main) in traced.iter().zip(&logged).zip(&in_main) {
+            let what = format!("{version}: {} {:#x}", l.0, l.1);
+            assert_eq!((&t.0, t.1), (&l.0, l.1), "{what}: row order");
+            if *main {
+                assert_eq!(t.2, l.2, "{what}: main interpreter");
+                continue;
+            }
+            let (got, want): (Vec<&str>, Vec<&str>) =
+                (t.2.lines().collect(), l.2.lines().collect());
+            assert_eq!(got.len(), want.len(), "{what}:\n{}\nlogged:\n{}", t.2, l.2);
+            for (g, w) in got.iter().zip(&want) {
+                if *g != *w {
+                    let (file, rest) = w.split_once('(').unwrap();
+                    let function = rest.split_once("): ").unwrap().1;
+                    assert!(
+                        *g == "[python: code object unreadable]"
+                            || *g == format!("{file}(?): {function}"),
+                        "{what}: {g:?}, logged {w:?}"
+                    );
+                    gone += 1;
+                }
+            }
+        }
+        eprintln!("python {version}: {gone} frames of freed code objects marked, the rest exact");
+    }
+}
+
 /// (file, line, function) of one thread in `py-spy dump --json` output, innermost first.
 fn py_spy_frames(json: &str, os_tid: &str) -> Vec<(String, u32, String)> {
     let start = json
