@@ -174,6 +174,7 @@ fn launch(venv: &Path, dir: &Path, call_stack: &str) -> Run {
             log.to_str().unwrap(),
             "--steps",
             &STEPS.to_string(),
+            "--stacks",
         ])
         .envs(cann_env())
         .output()
@@ -195,6 +196,7 @@ fn attach(venv: &Path, dir: &Path, call_stack: &str) -> Run {
             log.to_str().unwrap(),
             "--steps",
             &STEPS.to_string(),
+            "--stacks",
         ])
         .args(["--wait-file", go.to_str().unwrap()])
         .envs(cann_env())
