@@ -134,10 +134,11 @@ impl Bpf {
     /// Loads the programs; `ring_bytes` must be a power of two multiple of the page size.
     pub fn load(offsets: &TracepointOffsets, ring_bytes: u32) -> Result<(Self, RingBuf<MapData>)> {
         bump_memlock_rlimit();
-        // Parsed once for aya's loader and for the multi-uprobe copies of the programs.
-        let kernel_btf = aya::Btf::from_sys_fs().ok();
+        let started = std::time::Instant::now();
+        // `EbpfLoader::new` parses the kernel BTF for itself and cannot share it: the copy the
+        // multi-uprobe programs need is parsed meanwhile on another thread (~50-80 ms each).
+        let btf_thread = std::thread::spawn(|| aya::Btf::from_sys_fs().ok());
         let mut ebpf = EbpfLoader::new()
-            .btf(kernel_btf.as_ref())
             .override_global("TP_OFFSETS", offsets, true)
             .map_max_entries("EVENTS", ring_bytes)
             // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
@@ -161,6 +162,7 @@ impl Bpf {
                 .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
         }
         // aya's copies of the uprobe programs are loaded when first needed (perf links).
+        let kernel_btf = btf_thread.join().ok().flatten();
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
@@ -197,6 +199,10 @@ impl Bpf {
             process_links: Default::default(),
         };
         bpf.batching = bpf.run_flush();
+        crate::log::debug(&format!(
+            "BPF programs loaded in {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        ));
         if bpf.batching {
             crate::log::debug(&format!(
                 "calls are batched per CPU ({} CPUs)",
