@@ -7,6 +7,10 @@
 //! known vendor libraries anywhere on the target's search path (LD_LIBRARY_PATH, RUNPATH, the
 //! ld.so cache, the default and Ascend install directories). Libraries it could not predict
 //! (a dlopen of an unusual path) are caught when the target opens or maps them.
+//!
+//! Here: the planner's decisions; `attach/files.rs` finds files on the target's search path
+//! and caches parsed objects by file identity, `attach/vendor.rs` handles the op-API libraries
+//! and torch_npu.
 
 mod files;
 mod vendor;
@@ -15,7 +19,7 @@ pub use files::TargetEnv;
 pub use files::find_program;
 pub use files::script_interpreter;
 
-use crate::events::aclnn;
+use crate::trace::aclnn;
 use crate::trace::bpf::{Bpf, Scope};
 use crate::trace::probes::{Home, KNOWN_LIBRARIES, PROBES};
 use crate::trace::{placement, probes, torch_npu};

@@ -417,7 +417,7 @@ impl Bpf {
                     return Ok(());
                 }
                 // Gone already (or its /proc paths with it): nothing to probe.
-                Err(_) if !crate::session::process_alive(pid) => return Ok(()),
+                Err(_) if !crate::trace::target::process_alive(pid) => return Ok(()),
                 Err(e)
                     if self.links.is_empty() && self.process_links.values().all(Vec::is_empty) =>
                 {
@@ -434,7 +434,7 @@ impl Bpf {
         }
         // Perf links with a pid stay with aya's program until the end.
         match self.attach_points(prog, path, points, Scope::Process(pid)) {
-            Err(_) if !crate::session::process_alive(pid) => Ok(()),
+            Err(_) if !crate::trace::target::process_alive(pid) => Ok(()),
             other => other,
         }
     }
