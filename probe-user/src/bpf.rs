@@ -139,6 +139,7 @@ impl Bpf {
         let mut ebpf = EbpfLoader::new()
             .btf(kernel_btf.as_ref())
             .override_global("TP_OFFSETS", offsets, true)
+            .override_global(aya_log::LEVEL, &bpf_log_level(), true)
             .map_max_entries("EVENTS", ring_bytes)
             // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
             // only the BPF side uses it.
@@ -162,6 +163,8 @@ impl Bpf {
         }
         // aya's copies of the uprobe programs are loaded when first needed (perf links).
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
+        // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
+        forward_bpf_log(&mut ebpf)?;
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
         let cpus = aya::util::online_cpus()
@@ -753,6 +756,59 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name)
         .ok_or_else(|| anyhow!("BPF map {name} missing from the object"))
+}
+
+/// The BPF side's aya-log level (`AYA_LOG_LEVEL`, a load-time constant): debug with
+/// `--log-level=debug`, else 0, which turns every BPF log statement off; the verifier then
+/// drops their branches, so logging off costs nothing.
+fn bpf_log_level() -> u8 {
+    if crate::log::enabled(crate::cli::LogLevel::Debug) {
+        aya_log::Level::Debug as u8
+    } else {
+        0
+    }
+}
+
+/// Prints the BPF side's log records as debug lines (`bpf: ...`), from a thread that waits on
+/// the log ring; nothing when the level is off.
+fn forward_bpf_log(ebpf: &mut Ebpf) -> Result<()> {
+    if bpf_log_level() == 0 {
+        return Ok(());
+    }
+    let mut logger = aya_log::EbpfLogger::init_with_logger(ebpf, BpfLogLines)
+        .map_err(|e| anyhow!("cannot read the BPF side's log: {e}"))?;
+    std::thread::Builder::new()
+        .name("bpf-log".into())
+        .spawn(move || {
+            use std::os::fd::AsRawFd;
+            loop {
+                let mut pfd = libc::pollfd {
+                    fd: logger.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the ring's fd lives as long as `logger`.
+                unsafe { libc::poll(&mut pfd, 1, 100) };
+                logger.flush();
+            }
+        })
+        .context("cannot start the BPF log thread")?;
+    Ok(())
+}
+
+/// aya-log's records, as the tracer's own debug lines.
+struct BpfLogLines;
+
+impl log::Log for BpfLogLines {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        crate::log::debug(&format!("bpf: {}", record.args()));
+    }
+
+    fn flush(&self) {}
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
