@@ -1,5 +1,5 @@
 //! Builds the BPF programs (`probe-ebpf`) for the bpf target with aya-build and leaves the
-//! object in OUT_DIR, where `src/bpf.rs` embeds it. Needs nightly + rust-src + bpf-linker:
+//! object in OUT_DIR, where `src/trace/bpf.rs` embeds it. Needs nightly + rust-src + bpf-linker:
 //! `cargo xtask setup` installs them.
 use std::path::PathBuf;
 

@@ -19,8 +19,8 @@ use std::{path::PathBuf, time::Instant};
 
 use anyhow::{Context, Result, bail};
 use memscope_bpf::{
-    bpf::{Bpf, Scope},
-    tracefs,
+    trace::bpf::{Bpf, Scope},
+    trace::tracefs,
 };
 
 fn main() -> Result<()> {

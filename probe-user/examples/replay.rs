@@ -21,10 +21,10 @@ use std::{path::PathBuf, time::Instant};
 use memscope_bpf::{
     analysis::leaks,
     cli::{DataFormat, DeviceFilter, EventSet},
-    decode::{self, Decoded},
+    events::decode::{self, Decoded},
     output::ProcessOutput,
-    probes::ProbeId,
-    tracker::{ProcessState, StepFilter, TrackOptions},
+    state::{ProcessState, StepFilter, TrackOptions},
+    trace::probes::ProbeId,
 };
 use probe_common::{BATCH_KIND, BATCH_WORDS, RawEvent, event_flags, kind, packed};
 
@@ -156,7 +156,7 @@ fn main() -> anyhow::Result<()> {
     let mut allocs = 0u64;
     let mut ts = 1_000_000u64;
     let spec_of = |id: ProbeId| {
-        memscope_bpf::probes::PROBES
+        memscope_bpf::trace::probes::PROBES
             .iter()
             .find(|d| d.id == id)
             .expect("probe")

@@ -1,36 +1,20 @@
 //! memscope-bpf: trace an unmodified process's NPU memory through eBPF uprobes on the vendor
 //! libraries, and write msMemScope-compatible dumps and a leak report.
 //!
-//! Data flow: `cli` (options) -> `attach` (which objects get which probes) -> `bpf` (load,
-//! attach) -> `session` (ring buffer, ordering) -> `decode` -> `tracker` (per-process state,
-//! rows) -> `output` (files) and `analysis` (leaks). `offline` reads saved dumps back for
-//! `--compare` and `analyze`; `report` draws them (HTML, Perfetto, flame graphs).
+//! Data flow, one way, folder by folder: `cli` (options) -> `trace` (which objects get which
+//! probes, load, attach) -> `session` (ring buffer, ordering) -> `events` (decode, vendor
+//! semantics, stacks) -> `state` (per-process tracking, rows) -> `output` (files) and
+//! `analysis` (leaks, steps, owners). `offline` reads saved dumps back for `--compare` and
+//! `analyze`; `report` draws them (HTML, Perfetto, flame graphs); `agent` serves live state.
 
-pub mod aclnn;
 pub mod agent;
 pub mod analysis;
-pub mod atb;
-pub mod attach;
-pub mod bpf;
 pub mod cli;
-pub mod decode;
-pub mod hal;
-pub mod kernels;
-pub mod labels;
-pub mod launch;
+pub mod events;
 pub mod log;
-pub mod multi_uprobe;
 pub mod offline;
 pub mod output;
-pub mod placement;
-pub mod pools;
-pub mod probes;
-pub mod pystacks;
 pub mod report;
 pub mod session;
-pub mod stacks;
-pub mod target;
-pub mod torch_npu;
-pub mod tracefs;
-pub mod tracker;
-pub mod watchdog;
+pub mod state;
+pub mod trace;

@@ -6,14 +6,16 @@ use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 use anyhow::{Context, Result, bail};
 
 use memscope_bpf::{
-    analysis, attach,
-    attach::{Planner, TargetEnv},
-    bpf, cli,
+    analysis, cli,
     cli::{DataFormat, Mode, Options},
-    launch, log, offline, output, report, session,
+    log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
-    tracefs,
-    tracker::{StepFilter, TrackOptions},
+    state::{StepFilter, TrackOptions},
+    trace::attach,
+    trace::attach::{Planner, TargetEnv},
+    trace::bpf,
+    trace::launch,
+    trace::tracefs,
 };
 
 /// Exit code for a usage error (bad option, missing pid or program, bad output directory).
@@ -113,7 +115,7 @@ fn run(opts: Options) -> Result<u8> {
                         program.to_string_lossy()
                     ))
                 })?;
-            memscope_bpf::target::check_executable(&resolved).map_err(usage)?;
+            memscope_bpf::trace::target::check_executable(&resolved).map_err(usage)?;
             let mut argv: Vec<OsString> = vec![program.clone()];
             argv.extend(args.iter().cloned());
             Some((resolved, argv))
@@ -123,7 +125,7 @@ fn run(opts: Options) -> Result<u8> {
     // `--pid` of a thread means its process; pid 1 and kernel threads are refused.
     let attach_pid = match &opts.mode {
         Mode::Attach { pid } => {
-            let (pid, note) = memscope_bpf::target::attach_pid(*pid).map_err(usage)?;
+            let (pid, note) = memscope_bpf::trace::target::attach_pid(*pid).map_err(usage)?;
             if let Some(note) = note {
                 log::warn(&note);
             }
@@ -180,12 +182,12 @@ fn run(opts: Options) -> Result<u8> {
         .filter(|d| *d > 0)
         .map(|d| d as usize);
     offsets.python_stacks = python_depth.is_some() as u32;
-    let mut python = python_depth.map(memscope_bpf::pystacks::PyStacks::new);
+    let mut python = python_depth.map(memscope_bpf::events::pystacks::PyStacks::new);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     // Launch mode stops processes that only we continue: a watchdog continues them if we die
-    // or freeze (src/watchdog.rs).
+    // or freeze (src/trace/watchdog.rs).
     let watchdog = match opts.mode {
-        Mode::Launch { .. } => Some(memscope_bpf::watchdog::Watchdog::start(
+        Mode::Launch { .. } => Some(memscope_bpf::trace::watchdog::Watchdog::start(
             bpf.traced_map_fd(),
         )?),
         _ => None,
@@ -504,8 +506,10 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
             loss.first_error.as_deref().unwrap_or("?")
         ));
     }
-    let late = memscope_bpf::decode::STRINGS_READ_LATE.load(std::sync::atomic::Ordering::Relaxed);
-    let unread = memscope_bpf::decode::STRINGS_UNREAD.load(std::sync::atomic::Ordering::Relaxed);
+    let late =
+        memscope_bpf::events::decode::STRINGS_READ_LATE.load(std::sync::atomic::Ordering::Relaxed);
+    let unread =
+        memscope_bpf::events::decode::STRINGS_UNREAD.load(std::sync::atomic::Ordering::Relaxed);
     if late > 0 {
         log::debug(&format!(
             "{late} mstx message(s) in pages the target had not touched yet, read from /proc/PID/mem"

@@ -1,4 +1,4 @@
-//! End-to-end: decompose owner labels sent as mstx marks (probe-user/src/labels.rs) from two
+//! End-to-end: decompose owner labels sent as mstx marks (probe-user/src/events/labels.rs) from two
 //! threads, the weak `ops` tag of ATen accesses and an address relabel, against
 //! tests/fixtures/src/label_workload.c, whose log gives each block's owner at allocation and
 //! each owner's live bytes at exit.

@@ -18,7 +18,7 @@ use memscope_bpf::{
     cli::DataFormat,
     offline::reader::{self, DumpKind, DumpRow},
     output::{DeviceKey, ProcessOutput, Row, csv::CSV_HEADER, csv::quote_text},
-    tracker::module_label,
+    state::module_label,
 };
 use rusqlite::Connection;
 

@@ -624,7 +624,7 @@ fn torch_npu_report_function_is_found_in_both_releases() {
     let Some(venvs) = venvs("torch_npu_report_function_is_found_in_both_releases") else {
         return;
     };
-    use memscope_bpf::torch_npu::{UsageLayout, locate};
+    use memscope_bpf::trace::torch_npu::{UsageLayout, locate};
     let mut seen = Vec::new();
     for venv in venvs {
         let lib = std::fs::read_dir(venv.join("lib"))

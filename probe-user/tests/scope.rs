@@ -240,10 +240,10 @@ fn attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call() 
 #[test]
 fn cookie_bits_above_the_probe_id_leave_the_probe_unchanged_and_reach_user_space() {
     use memscope_bpf::{
-        bpf::{Bpf, Scope},
-        decode,
-        probes::{PROBES, ProbeId},
-        tracefs,
+        events::decode,
+        trace::bpf::{Bpf, Scope},
+        trace::probes::{PROBES, ProbeId},
+        trace::tracefs,
     };
     if !require_root(
         "cookie_bits_above_the_probe_id_leave_the_probe_unchanged_and_reach_user_space",

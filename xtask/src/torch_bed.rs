@@ -1,7 +1,7 @@
 //! The real-framework test bed: the released `torch` and `torch_npu` wheels from PyPI in cached
 //! virtual environments, and the simulated CANN they run on (`make -C tests/fixtures cann`).
 //!
-//! Two torch_npu releases whose `MemoryUsage` layouts differ (see probe-user/src/torch_npu.rs)
+//! Two torch_npu releases whose `MemoryUsage` layouts differ (see probe-user/src/trace/torch_npu.rs)
 //! are pinned. PyPI's x86-64 torch is the CUDA build: with its `nvidia-*` dependencies a venv
 //! is about 6 GB, so the venvs live outside the repository (`$MEMSCOPE_BPF_CACHE`, default
 //! `~/.cache/memscope-bpf/venvs`) and are made once; a finished one holds a `.memscope-ready`

@@ -31,13 +31,13 @@ use std::{ffi::OsString, process::ExitCode, sync::Arc};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    attach::Planner,
-    bpf::{self, Scope},
     cli::{DeviceFilter, EventSet},
     log,
     session::{Session, SessionConfig},
-    tracefs,
-    tracker::{StepFilter, TrackOptions},
+    state::{StepFilter, TrackOptions},
+    trace::attach::Planner,
+    trace::bpf::{self, Scope},
+    trace::tracefs,
 };
 
 use options::AgentOptions;

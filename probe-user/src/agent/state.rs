@@ -16,11 +16,11 @@ use std::{
 };
 
 use crate::{
-    decode::{Call, CallEvent},
+    events::decode::{Call, CallEvent},
     log,
     output::{DeviceKey, Row},
     session::Observer,
-    tracker::{Block, ProcessState},
+    state::{Block, ProcessState},
 };
 
 use super::sampling::Sampler;

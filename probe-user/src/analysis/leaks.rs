@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::{
     output::{DeviceKey, ProcessOutput, local_timestamp},
-    tracker::{Block, module_label},
+    state::{Block, module_label},
 };
 
 pub const LEAKS_HEADER: &str =

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::pools::PoolKind;
+use crate::events::pools::PoolKind;
 
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -33,7 +33,7 @@ fn owner_of(row: &DumpRow) -> String {
     match row.event_type.as_str() {
         "PTA" | "MINDSPORE" | "ATB" => row.event_type.clone(),
         _ => match row.attr("MID").and_then(|m| m.trim().parse::<u32>().ok()) {
-            Some(id) => format!("CANN@{}", crate::tracker::module_label(id)),
+            Some(id) => format!("CANN@{}", crate::state::module_label(id)),
             None => "CANN@UNKNOWN".to_string(),
         },
     }

@@ -24,11 +24,11 @@ use crate::{
         steps::{Gaps, LiveBlock, StepLeaks},
     },
     cli::{self, Options, UNKNOWN_DEVICE_ID},
-    hal::{DEVICE_CPU, PageType},
+    events::hal::{DEVICE_CPU, PageType},
+    events::pools::PoolKind,
     log,
     output::{DeviceKey, ProcessOutput},
-    pools::PoolKind,
-    tracker::{Block, BlockKind},
+    state::{Block, BlockKind},
 };
 
 /// What the analysis found in one dump.

@@ -23,7 +23,7 @@ pub enum DeviceKey {
 
 impl DeviceKey {
     pub fn from_id(id: u32) -> Self {
-        if id == crate::hal::DEVICE_CPU {
+        if id == crate::events::hal::DEVICE_CPU {
             DeviceKey::Cpu
         } else {
             DeviceKey::Npu(id)

@@ -8,131 +8,31 @@
 //! ld.so cache, the default and Ascend install directories). Libraries it could not predict
 //! (a dlopen of an unusual path) are caught when the target opens or maps them.
 
-use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    ffi::OsStr,
-    fs,
-    os::unix::{ffi::OsStrExt, fs::MetadataExt},
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+mod files;
+mod vendor;
 
+pub use files::TargetEnv;
+pub use files::find_program;
+pub use files::script_interpreter;
+
+use crate::events::aclnn;
+use crate::trace::bpf::{Bpf, Scope};
+use crate::trace::probes::{Home, KNOWN_LIBRARIES, PROBES};
+use crate::trace::{placement, probes, torch_npu};
 use anyhow::Result;
+use files::{ASCEND_DIRS, DEFAULT_DIRS, FileId, expand_origin, memchr_so};
 use memscope_symbols::{ElfObject, read_maps};
-
-use crate::{
-    aclnn,
-    bpf::{Bpf, Scope},
-    placement,
-    probes::{self, Home, KNOWN_LIBRARIES, PROBES, ProbeId},
-    torch_npu,
-};
-
-const DEFAULT_DIRS: [&str; 8] = [
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/usr/lib64",
-    "/lib",
-    "/usr/lib",
-];
-const ASCEND_DIRS: [&str; 5] = [
-    "/usr/local/Ascend/driver/lib64",
-    "/usr/local/Ascend/driver/lib64/driver",
-    "/usr/local/Ascend/driver/lib64/common",
-    "/usr/local/Ascend/ascend-toolkit/latest/lib64",
-    "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64",
-];
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs;
+use std::os::unix::{ffi::OsStrExt, fs::MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One object that received probes.
 #[derive(Clone, Debug)]
 pub struct AttachedObject {
     pub path: PathBuf,
     pub symbols: Vec<&'static str>,
-}
-
-/// The environment a target resolves libraries with.
-#[derive(Clone, Debug, Default)]
-pub struct TargetEnv {
-    pub ld_library_path: Vec<PathBuf>,
-    pub ascend_home: Option<PathBuf>,
-    /// Prefix for paths as the target sees them (`/proc/PID/root` for another mount namespace).
-    pub root: Option<PathBuf>,
-}
-
-impl TargetEnv {
-    /// Our own environment (launch mode: the target inherits it).
-    pub fn current() -> Self {
-        TargetEnv {
-            ld_library_path: std::env::var_os("LD_LIBRARY_PATH")
-                .map(|v| split_paths(v.as_bytes()))
-                .unwrap_or_default(),
-            ascend_home: std::env::var_os("ASCEND_HOME_PATH").map(PathBuf::from),
-            root: None,
-        }
-    }
-
-    /// A running process's environment, from `/proc/PID/environ`.
-    pub fn of_process(pid: u32) -> Self {
-        let mut env = TargetEnv {
-            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
-            ..Default::default()
-        };
-        if let Ok(bytes) = fs::read(format!("/proc/{pid}/environ")) {
-            for var in bytes.split(|b| *b == 0) {
-                if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
-                    env.ld_library_path = split_paths(v);
-                } else if let Some(v) = var.strip_prefix(b"ASCEND_HOME_PATH=") {
-                    env.ascend_home = Some(PathBuf::from(OsStr::from_bytes(v)));
-                }
-            }
-        }
-        env
-    }
-
-    /// The path to open for a path as the target names it.
-    fn host_path(&self, p: &Path) -> PathBuf {
-        match &self.root {
-            Some(root) if p.is_absolute() => {
-                let joined = root.join(p.strip_prefix("/").unwrap_or(p));
-                if joined.exists() {
-                    joined
-                } else {
-                    p.to_path_buf()
-                }
-            }
-            _ => p.to_path_buf(),
-        }
-    }
-}
-
-fn split_paths(v: &[u8]) -> Vec<PathBuf> {
-    v.split(|b| *b == b':' || *b == b';')
-        .filter(|p| !p.is_empty())
-        .map(|p| PathBuf::from(OsStr::from_bytes(p)))
-        .collect()
-}
-
-/// What identifies a file's contents without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-}
-
-impl FileId {
-    fn of(meta: &fs::Metadata) -> Self {
-        FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-        }
-    }
 }
 
 pub struct Planner {
@@ -393,31 +293,6 @@ impl Planner {
             .find(|p| env.host_path(p).is_file())
     }
 
-    fn ld_cache(&mut self) -> &HashMap<String, PathBuf> {
-        self.ld_cache.get_or_insert_with(read_ld_cache)
-    }
-
-    fn parse(&mut self, host: &Path) -> Option<Arc<ElfObject>> {
-        self.parse_or_error(host).ok()
-    }
-
-    /// The parsed object at `host`, parsed once per file identity (device, inode, size,
-    /// modification time): the same library under many paths or in many processes costs one
-    /// parse, and a file replaced in place is parsed again.
-    fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
-        let meta =
-            fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
-        let id = FileId::of(&meta);
-        if let Some(c) = self.elf_cache.get(&id) {
-            return c.clone();
-        }
-        let parsed = ElfObject::open_filtered(host, &probed_symbol)
-            .map(Arc::new)
-            .map_err(|e| format!("{e:#}"));
-        self.elf_cache.insert(id, parsed.clone());
-        parsed
-    }
-
     /// Queues a warning for the user, once per text (a library seen under many paths or
     /// in many processes warns once).
     fn warn_once(&mut self, text: String) {
@@ -588,100 +463,6 @@ impl Planner {
     }
 }
 
-impl Planner {
-    /// Probes every operator function the op library `host` exports, through one link for
-    /// all of them; returns how many.
-    fn attach_op_api(
-        &mut self,
-        bpf: &mut Bpf,
-        host: &Path,
-        shown: &Path,
-        obj: &ElfObject,
-    ) -> usize {
-        let mut points = Vec::new();
-        for name in obj.exported.iter().filter(|n| aclnn::is_op_function(n)) {
-            let (Some(sym), Some(index)) = (obj.function(name), aclnn::register(name)) else {
-                continue;
-            };
-            let cookie = ProbeId::AclnnOp as u64 | (index as u64) << probe_common::COOKIE_HI_SHIFT;
-            points.push((sym.file_offset, cookie));
-        }
-        if points.is_empty() {
-            return 0;
-        }
-        match bpf.attach_many(host, &points, true, self.scope) {
-            Ok(()) => {
-                self.debug.push(format!(
-                    "probe {} operator functions (aclnn*) of {}",
-                    points.len(),
-                    shown.display()
-                ));
-                points.len()
-            }
-            Err(e) => {
-                self.warnings.push(format!("{e:#}"));
-                0
-            }
-        }
-    }
-
-    /// Probes torch_npu's allocator report in `host` when the code is recognised; otherwise
-    /// says why, once per file, and leaves the library alone (HAL is still traced).
-    fn attach_torch_npu(
-        &mut self,
-        bpf: &mut Bpf,
-        host: &Path,
-        shown: &Path,
-        identity: FileId,
-    ) -> Option<&'static str> {
-        if !self.torch_npu_sites.contains_key(&identity) {
-            let site = torch_npu::locate_cached(
-                host,
-                (identity.dev, identity.ino, identity.size, identity.mtime_ns),
-            )
-            .map_err(|e| format!("{e:#}"));
-            match &site {
-                Ok(s) => self.debug.push(format!(
-                    "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",
-                    s.version.as_deref().unwrap_or("(version unknown)"),
-                    shown.display(),
-                    s.file_offset,
-                    s.layout,
-                    s.callers
-                )),
-                Err(why) => self.warn_once(format!(
-                    "{}: torch_npu's caching allocator not recognised ({why}); its blocks \
-                     (PTA rows) will not be traced, HAL still is",
-                    shown.display()
-                )),
-            }
-            self.torch_npu_sites.insert(identity, site);
-        }
-        let site = self.torch_npu_sites.get(&identity)?.as_ref().ok()?.clone();
-        let id = match site.layout {
-            torch_npu::UsageLayout::Original => ProbeId::PtaUsageOriginal,
-            torch_npu::UsageLayout::WithComponent => ProbeId::PtaUsageWithComponent,
-        };
-        let def = PROBES.iter().find(|p| p.id == id)?;
-        match bpf.attach_uprobe(host, site.file_offset, id as u16, false, self.scope) {
-            Ok(()) => Some(def.symbol),
-            Err(e) => {
-                self.warnings.push(format!("{e:#}"));
-                None
-            }
-        }
-    }
-}
-
-impl TargetEnv {
-    fn of_process_root(pid: u32) -> Self {
-        TargetEnv {
-            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
-            ..Default::default()
-        }
-    }
-}
-
 /// The symbols the planner looks up in an object: the probed functions and their `.cold`
 /// parts (everything else in a large library's tables is skipped while parsing).
 fn probed_symbol(name: &str) -> bool {
@@ -690,82 +471,11 @@ fn probed_symbol(name: &str) -> bool {
     names.contains(name.strip_suffix(".cold").unwrap_or(name)) || aclnn::is_op_function(name)
 }
 
-fn memchr_so(name: &[u8]) -> bool {
-    name.windows(3).any(|w| w == b".so")
-}
-
-/// Expands `$ORIGIN` (and `${ORIGIN}`) against the directory of `object`.
-fn expand_origin(paths: &[String], object: &Path) -> Vec<PathBuf> {
-    let origin = object
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .to_string_lossy()
-        .into_owned();
-    paths
-        .iter()
-        .map(|p| PathBuf::from(p.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin)))
-        .collect()
-}
-
-/// `ldconfig -p`: library name -> path from /etc/ld.so.cache (empty if ldconfig is missing).
-fn read_ld_cache() -> HashMap<String, PathBuf> {
-    let mut map = HashMap::new();
-    for ldconfig in ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"] {
-        let Ok(out) = std::process::Command::new(ldconfig).arg("-p").output() else {
-            continue;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
-            let line = line.trim();
-            let Some((name, rest)) = line.split_once(' ') else {
-                continue;
-            };
-            let Some((_, path)) = rest.rsplit_once("=> ") else {
-                continue;
-            };
-            if rest.contains("x86-64") || rest.contains("AArch64") || !rest.contains("libc6,") {
-                map.entry(name.to_string())
-                    .or_insert_with(|| PathBuf::from(path));
-            }
-        }
-        break;
-    }
-    map
-}
-
-/// Finds a program the way execvp would (PATH search for names without a slash).
-pub fn find_program(program: &OsStr) -> Option<PathBuf> {
-    let p = Path::new(program);
-    if program.as_bytes().contains(&b'/') {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(p))
-        .find(|c| c.is_file() && is_executable(c))
-}
-
-fn is_executable(p: &Path) -> bool {
-    fs::metadata(p)
-        .map(|m| m.mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-/// For a `#!` script, the interpreter it names (so its libraries are planned too).
-pub fn script_interpreter(program: &Path) -> Option<PathBuf> {
-    let head = fs::read(program).ok()?;
-    let line = head.strip_prefix(b"#!")?.split(|b| *b == b'\n').next()?;
-    let line = String::from_utf8_lossy(line);
-    let mut words = line.split_whitespace();
-    let interp = words.next()?;
-    if interp.ends_with("/env") {
-        return find_program(OsStr::new(words.next()?));
-    }
-    Some(PathBuf::from(interp))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use files::{read_ld_cache, split_paths};
+    use std::ffi::OsStr;
 
     #[test]
     fn origin_and_path_lists() {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::decode::{RegionDesc, RegionRef};
+use crate::events::decode::{RegionDesc, RegionRef};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {

@@ -611,13 +611,13 @@ pub const PROBES: [ProbeDef; 45] = [
         id: ProbeId::PtaUsageOriginal,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::torch_npu::USAGE_SIZE, 0),
+        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
     },
     ProbeDef {
         id: ProbeId::PtaUsageWithComponent,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::torch_npu::USAGE_SIZE, 0),
+        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
     },
     // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
     // aclrtStream stream): entry and return date the operator. The executor's first word is

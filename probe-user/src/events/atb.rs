@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::decode::{AtbEvent, AtbTensor};
+use crate::events::decode::{AtbEvent, AtbTensor};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AtbOut {

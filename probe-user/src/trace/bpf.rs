@@ -14,7 +14,7 @@ use aya::{
 };
 use probe_common::{ProbeSpec, TracepointOffsets, counter};
 
-use crate::multi_uprobe::{self, MultiPrograms};
+use crate::trace::multi_uprobe::{self, MultiPrograms};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 

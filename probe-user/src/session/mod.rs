@@ -1,37 +1,32 @@
 //! The tracing session: drains the ring buffer, keeps probes attached as libraries appear,
 //! turns events into rows in time order, and ends when the traced tree is gone or on a signal.
 
-use std::{
-    cmp::{Ordering, Reverse},
-    collections::{BinaryHeap, HashMap},
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+mod call_stacks;
+mod processes;
+mod records;
 
+use crate::analysis::leaks::{LeakCause, ProcessLeaks};
+use crate::cli::DataFormat;
+use crate::events::decode;
+use crate::events::decode::{CallEvent, Decoded};
+use crate::events::kernels::KernelNames;
+use crate::events::pystacks::{PyStack, PyStacks};
+use crate::events::stacks::{StackResolver, StackSample};
+use crate::log;
+use crate::output::{ProcessOutput, Row};
+use crate::state::{ProcessState, ProcessStats, TrackOptions};
+use crate::trace::attach::Planner;
+use crate::trace::bpf::{Bpf, Counters};
+use crate::trace::launch;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use probe_common::RawEvent;
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
-};
-
-use crate::{
-    analysis::leaks::{self, LeakCause, ProcessLeaks},
-    attach::Planner,
-    bpf::{Bpf, Counters},
-    cli::DataFormat,
-    decode::{self, Decoded},
-    decode::{Call, CallEvent},
-    kernels::KernelNames,
-    launch, log,
-    output::{ProcessOutput, Row},
-    probes::{KernelRef, launch_args},
-    pystacks::{self, PyStack, PyStacks},
-    stacks::{self, StackResolver, StackSample},
-    tracker::{ProcessState, ProcessStats, TrackOptions},
-};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Events are held this long before being applied, so events from different CPUs (and a free
 /// racing with the reuse of its address) are applied in the order they took effect.
@@ -372,376 +367,6 @@ impl Session {
         Ok(())
     }
 
-    fn handle_record(&mut self, item: &[u8]) -> Result<()> {
-        if let Some(sample) = pystacks::sample_from_bytes(item) {
-            self.events += 1;
-            // Resolved now: the code objects are read while the process is surely alive.
-            if let Some(py) = &mut self.python {
-                let stack = py.resolve(&sample);
-                let text = Arc::from(stack.text());
-                let frames = self.cfg.mixed.then(|| Arc::new(stack));
-                self.pending_py.insert(sample.tid, (text, frames));
-            }
-            return Ok(());
-        }
-        if let Some(sample) = stacks::sample_from_bytes(item) {
-            self.events += 1;
-            self.pending_stacks.insert(sample.tid, sample);
-            return Ok(());
-        }
-        match decode::raw_from_bytes(item) {
-            Some(raw) => self.handle_raw(&raw),
-            None => Ok(()),
-        }
-    }
-
-    fn handle_raw(&mut self, raw: &RawEvent) -> Result<()> {
-        {
-            let Some(ev) = decode::decode(raw) else {
-                return Ok(());
-            };
-            self.events += 1;
-            if let Decoded::Exit { pid, .. } = &ev {
-                // Now, not when its rows are released: the pid may be reused by a new child.
-                self.bpf.drop_process_probes(*pid);
-            }
-            match &ev {
-                Decoded::Exec {
-                    pid, path, stopped, ..
-                } => {
-                    log::debug(&format!("pid {pid} exec {}", path.display()));
-                    self.forget_python(*pid);
-                    // A statically linked python has its runtime mapped already.
-                    self.configure_python(*pid, true);
-                    let planned = self.planner.on_exec(&mut self.bpf, *pid, path);
-                    self.resume_if(*stopped, *pid);
-                    planned?;
-                    self.print_planner_messages();
-                }
-                Decoded::Open {
-                    pid,
-                    dfd,
-                    path,
-                    stopped,
-                    ..
-                } => {
-                    if let Some(r) = &mut self.stacks {
-                        r.invalidate(*pid);
-                    }
-                    self.kernel_names.invalidate(*pid);
-                    let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
-                    // Python has mapped libpython by the time it opens anything else.
-                    self.configure_python(*pid, true);
-                    if *stopped {
-                        log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
-                        self.bpf
-                            .mark_known_path(path.as_os_str().as_encoded_bytes());
-                    }
-                    self.resume_if(*stopped, *pid);
-                    planned?;
-                    self.print_planner_messages();
-                }
-                Decoded::Fork {
-                    parent,
-                    child,
-                    stopped,
-                    ..
-                } => {
-                    log::debug(&format!("pid {parent} started process {child}: traced"));
-                    // Per-process probes: the child needs its own before it runs (it is
-                    // stopped for this in launch mode).
-                    if let Err(e) = self.bpf.scope_process(*child) {
-                        log::warn(&format!(
-                            "process {child} may be traced incompletely: {e:#}"
-                        ));
-                    }
-                    self.resume_if(*stopped, *child);
-                }
-                Decoded::Call(CallEvent {
-                    pid,
-                    call: Call::Exiting { stopped },
-                    ..
-                }) => {
-                    // Held at exit(): the last chance to read its mappings for its stacks.
-                    if let Some(r) = &mut self.stacks {
-                        r.snapshot(*pid);
-                    }
-                    self.resume_if(*stopped, *pid);
-                }
-                Decoded::Call(_) | Decoded::Exit { .. } => {
-                    let mut ev = ev;
-                    match &ev {
-                        Decoded::Exit { pid, .. } => self.forget_python(*pid),
-                        Decoded::Call(c) => self.configure_python(c.pid, false),
-                        _ => {}
-                    }
-                    if let Decoded::Call(CallEvent {
-                        pid,
-                        call:
-                            Call::KernelLaunch {
-                                api,
-                                kernel,
-                                name: name @ None,
-                                ..
-                            },
-                        ..
-                    }) = &mut ev
-                        && launch_args(*api).is_some_and(|a| a.kernel == KernelRef::Function)
-                    {
-                        *name = self.kernel_names.name(*pid, *kernel);
-                    }
-                    self.seq += 1;
-                    if let (Some(obs), Decoded::Call(c)) = (&mut self.cfg.observer, &ev) {
-                        obs.received(c.pid);
-                    }
-                    let stack = self.stack_job(&ev);
-                    let py_stack = self.python_stack_of(&ev);
-                    self.reorder.push(Reverse(Pending {
-                        ts: ev.ts_mono(),
-                        seq: self.seq,
-                        event: ev,
-                        stack,
-                        py_stack,
-                    }));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Looks for CPython in a process not known to run it yet, and tells BPF where its frames
-    /// are. Cheap when there is nothing to do (a map lookup, or reading /proc/PID/maps).
-    /// `again`: look again in a process where none was found before (it may have loaded
-    /// libpython since).
-    fn configure_python(&mut self, pid: u32, again: bool) {
-        if let Some(py) = &mut self.python {
-            py.enable(&mut self.bpf, pid, again);
-        }
-    }
-
-    fn forget_python(&mut self, pid: u32) {
-        if let Some(py) = &mut self.python {
-            py.forget(pid);
-            self.bpf.forget_python_process(pid);
-        }
-    }
-
-    /// The Python stack of a call: the sample BPF sent just before it on the same thread, or
-    /// a marker saying why there is none.
-    fn python_stack_of(&mut self, ev: &Decoded) -> Option<Arc<str>> {
-        let Decoded::Call(call) = ev else { return None };
-        let py = self.python.as_ref()?;
-        let batch = matches!(
-            call.call,
-            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
-        );
-        let text = if batch {
-            self.pending_py.get(&call.tid).map(|p| p.0.clone())
-        } else {
-            self.pending_py.remove(&call.tid).map(|p| p.0)
-        };
-        Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
-    }
-
-    /// Pairs a call with the stack sample BPF sent just before it on the same thread.
-    fn stack_job(&mut self, ev: &Decoded) -> Option<(u64, Option<Arc<str>>)> {
-        let Decoded::Call(call) = ev else { return None };
-        let resolver = self.stacks.as_mut()?;
-        if let Some(obs) = &mut self.cfg.observer
-            && !obs.wants_stack(call)
-        {
-            self.pending_stacks.remove(&call.tid);
-            return None;
-        }
-        // The chunks of one batch share the sample sent before the first of them.
-        let batch = matches!(
-            call.call,
-            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
-        );
-        let sample = if batch {
-            self.pending_stacks.get(&call.tid).cloned()
-        } else {
-            self.pending_stacks.remove(&call.tid)
-        }?;
-        // Before `python_stack_of` takes the Python sample of the same call.
-        let python = self.pending_py.get(&call.tid).and_then(|p| p.1.clone());
-        Some((resolver.submit(sample, call.at_return, python), None))
-    }
-
-    /// Applies held events older than the reorder window (all of them when `all`).
-    fn release(&mut self, all: bool) -> Result<()> {
-        // Calls may still wait in a CPU's batch if they are dated after the last flush.
-        let horizon = clock_ns(libc::CLOCK_MONOTONIC)
-            .saturating_sub(REORDER_WINDOW_NS)
-            .min(self.flushed_at);
-        while let Some(Reverse(top)) = self.reorder.peek() {
-            if !all && top.ts > horizon {
-                break;
-            }
-            // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
-            if let Some(mut top) = self.reorder.peek_mut()
-                && let Some((job, text)) = &mut top.0.stack
-                && text.is_none()
-                && let Some(resolver) = &mut self.stacks
-            {
-                *text = if all {
-                    Some(resolver.wait(*job))
-                } else {
-                    resolver.take(*job)
-                };
-                if text.is_none() {
-                    break;
-                }
-            }
-            let Reverse(p) = self.reorder.pop().expect("peeked");
-            let c_stack = p.stack.and_then(|(_, text)| text);
-            let py_stack = p.py_stack;
-            match p.event {
-                Decoded::Call(call) => {
-                    let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
-                    let track = self.cfg.track;
-                    let mut rows = std::mem::take(&mut self.rows);
-                    self.traced(call.pid);
-                    let traced = self.procs.get_mut(&call.pid).expect("just made");
-                    traced.state.set_python_stack(py_stack);
-                    traced
-                        .state
-                        .apply_into(&call, ts, &track, c_stack, &mut rows);
-                    for m in traced.state.messages.drain(..) {
-                        log::debug(&m);
-                    }
-                    if let Some(obs) = &mut self.cfg.observer {
-                        obs.applied(&traced.state, &rows);
-                    } else {
-                        for row in &rows {
-                            if let Err(e) = traced.out.write_ref(row) {
-                                log::error(&format!("{e:#}"));
-                            }
-                        }
-                    }
-                    rows.clear();
-                    self.rows = rows;
-                }
-                Decoded::Exit { pid, .. } => self.finish_process(pid, LeakCause::Exited),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn traced(&mut self, pid: u32) -> &mut Traced {
-        if !self.procs.contains_key(&pid) {
-            self.order.push(pid);
-        }
-        let cfg = &self.cfg;
-        self.procs.entry(pid).or_insert_with(|| {
-            let mut out = ProcessOutput::with_format(
-                &cfg.output_dir,
-                pid,
-                cfg.config_json.clone(),
-                cfg.format,
-            );
-            if let Some((bytes, files)) = cfg.rotate {
-                out.rotate(bytes, files);
-            }
-            Traced {
-                state: ProcessState::new(pid),
-                out,
-                finished: false,
-            }
-        })
-    }
-
-    /// A process is gone (or we are detaching): write its leak report and flush its files.
-    fn finish_process(&mut self, pid: u32, cause: LeakCause) {
-        let Some(t) = self.procs.get_mut(&pid) else {
-            return;
-        };
-        if t.finished {
-            return;
-        }
-        t.finished = true;
-        if let Some(obs) = &mut self.cfg.observer {
-            // Memory stays bounded whatever the churn: the observer keeps a summary.
-            obs.finished(&t.state);
-            self.procs.remove(&pid);
-            self.order.retain(|p| *p != pid);
-            return;
-        }
-        for row in t.state.finish_atb(&self.cfg.track) {
-            if let Err(e) = t.out.write(row) {
-                log::error(&format!("{e:#}"));
-            }
-        }
-        let blocks = t.state.live_blocks();
-        let mut files = Vec::new();
-        if self.cfg.leaks && !blocks.is_empty() {
-            match leaks::write_leak_files(&mut t.out, pid, &blocks) {
-                Ok(f) => files = f,
-                Err(e) => {
-                    log::error(&format!("cannot write the leak report of pid {pid}: {e:#}"));
-                    t.out.note_failure(&e);
-                }
-            }
-        }
-        if self.cfg.track.inefficient {
-            let flagged = t.state.inefficient_blocks();
-            if !flagged.is_empty() {
-                let mut per_type = std::collections::BTreeMap::<&str, usize>::new();
-                for (_, types) in &flagged {
-                    for ty in types.split(',') {
-                        *per_type.entry(ty).or_default() += 1;
-                    }
-                }
-                let counts: Vec<String> =
-                    per_type.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                log::info(&format!(
-                    "pid {pid}: inefficient memory: {} block(s): {}",
-                    flagged.len(),
-                    counts.join(", ")
-                ));
-                if let Err(e) = write_inefficient_csv(&mut t.out, pid, &flagged) {
-                    log::error(&format!(
-                        "cannot write the inefficient report of pid {pid}: {e:#}"
-                    ));
-                    t.out.note_failure(&e);
-                }
-            }
-        }
-        if self.cfg.track.decompose && !t.state.decompose.is_empty() {
-            match t.state.decompose.write_csv(&mut t.out) {
-                Ok(path) => {
-                    log::info(&format!(
-                        "pid {pid}: memory by owner (decompose), per step in {}",
-                        path.display()
-                    ));
-                    for line in t.state.decompose.report().lines() {
-                        log::info(&format!("  {line}"));
-                    }
-                }
-                Err(e) => {
-                    log::error(&format!(
-                        "cannot write the decompose report of pid {pid}: {e:#}"
-                    ));
-                    t.out.note_failure(&e);
-                }
-            }
-        }
-        if let Err(e) = t.out.finish() {
-            log::error(&format!("{e:#}"));
-        }
-        if self.cfg.leaks {
-            let pool_report = t.state.pool_report();
-            self.leaks.push(ProcessLeaks {
-                pid,
-                cause,
-                blocks,
-                files,
-                pool_report,
-            });
-        }
-    }
-
     /// Continues a process the BPF side stopped for us (see `STOPPED`).
     fn resume_if(&mut self, stopped: bool, pid: u32) {
         if stopped {
@@ -802,27 +427,6 @@ fn raise_consumer_priority() {
             log::debug("could not raise the ring consumer's priority (needs CAP_SYS_NICE)");
         }
     }
-}
-
-/// `inefficient_<ts>.csv` in the process directory: every flagged block, with its types.
-fn write_inefficient_csv(
-    out: &mut ProcessOutput,
-    pid: u32,
-    flagged: &[(u64, String)],
-) -> Result<()> {
-    use std::io::Write;
-    let dir = out.ensure_dir()?;
-    let (_, f) = dir.create_unique_file(
-        &format!("inefficient_{}", crate::output::local_timestamp()),
-        ".csv",
-    )?;
-    let mut f = std::io::BufWriter::new(f);
-    writeln!(f, "Process Id,Allocation Id,Inefficient Type")?;
-    for (id, types) in flagged {
-        writeln!(f, "{pid},{id},\"{types}\"")?;
-    }
-    f.flush()?;
-    Ok(())
 }
 
 /// True while `/proc/PID` exists and is not a zombie.

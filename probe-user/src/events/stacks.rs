@@ -9,7 +9,7 @@ use std::{
     thread,
 };
 
-use crate::pystacks::{self, PyStack};
+use crate::events::pystacks::{self, PyStack};
 use memscope_symbols::{
     Arch, Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions,
     format_stack, unwind,

@@ -1,0 +1,285 @@
+//! Python call stacks (`--call-stack=python[:D]`), read from outside the process.
+//!
+//! For a traced process that runs CPython, user space finds `_PyRuntime` in the symbol table
+//! of `libpython3.X.so` (or of a statically linked `python`), reads the version from
+//! `Py_Version`, and hands the BPF side the structure offsets of that version
+//! ([`layout_for`]; checked against the interpreters' own headers by tests/python_stacks.rs).
+//! At each traced call BPF sends the thread's frame chain: code object and instruction
+//! pointer per frame. Here each code object is read once from `/proc/PID/mem` (read only:
+//! name, file, first line, line table) and cached by address, and the instruction offset is
+//! turned into a line with the location table format of 3.11+ (PEP 626/657).
+//!
+//! The text is msMemScope's: `file(line): function`, one frame per line, innermost first, each
+//! line ending in `\n`. What cannot be read is said in the stack, never guessed:
+//! `[python: unknown version 3.10]`, `[python: no interpreter]`, `[python: no thread state]`,
+//! `[python: code object unreadable]`, `[python: frame chain unreadable]`, `[truncated]`.
+
+mod format;
+mod layouts;
+mod memory;
+#[cfg(test)]
+mod tests;
+
+pub use format::CHAIN_UNREADABLE;
+pub use format::EVAL_LOOP;
+pub use format::NO_FRAMES;
+pub use format::NO_INTERPRETER;
+pub use format::NO_THREAD_STATE;
+pub use format::PYTHON_MARKER;
+pub use format::PyFrame;
+pub use format::PyStack;
+pub use format::TRUNCATED;
+pub use format::mix;
+pub use layouts::CodeLayout;
+pub use layouts::Interpreter;
+pub use layouts::PyLayout;
+pub use layouts::find_interpreter;
+pub use layouts::layout_for;
+pub use layouts::layout_from_debug_offsets;
+pub use memory::CodeInfo;
+pub use memory::line_for_offset;
+pub use memory::read_code;
+
+use anyhow::Context;
+use anyhow::Result;
+use layouts::{DEBUG_OFFSETS_WORDS, FRAME_OWNED_BY_CSTACK};
+use memory::read_at;
+use probe_common::{
+    PY_MAX_FRAMES, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord, PyProcess, PyStackEvent, py_flags,
+};
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+
+/// One Python sample as BPF sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PySample {
+    pub pid: u32,
+    pub tid: u32,
+    pub flags: u16,
+    pub frames: Vec<PyFrameRecord>,
+}
+
+/// Parses a PYSTACK record; `None` for anything else.
+pub fn sample_from_bytes(bytes: &[u8]) -> Option<PySample> {
+    if bytes.len() < PY_STACK_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != PYSTACK_KIND {
+        return None;
+    }
+    let u16_at = |o: usize| u16::from_ne_bytes([bytes[o], bytes[o + 1]]);
+    let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap());
+    let flags = u16_at(std::mem::offset_of!(PyStackEvent, flags));
+    let n = (u16_at(std::mem::offset_of!(PyStackEvent, nframes)) as usize)
+        .min(PY_MAX_FRAMES)
+        .min((bytes.len() - PY_STACK_HEADER) / std::mem::size_of::<PyFrameRecord>());
+    let frames = (0..n)
+        .map(|k| {
+            let o = PY_STACK_HEADER + k * std::mem::size_of::<PyFrameRecord>();
+            PyFrameRecord {
+                code: u64_at(o),
+                instr: u64_at(o + 8),
+                meta: u64_at(o + 16),
+            }
+        })
+        .collect();
+    Some(PySample {
+        pid: u32_at(std::mem::offset_of!(PyStackEvent, pid)),
+        tid: u32_at(std::mem::offset_of!(PyStackEvent, tid)),
+        flags,
+        frames,
+    })
+}
+
+enum ProcState {
+    /// Known CPython: BPF walks its frames.
+    Python(Box<PyProc>),
+    /// CPython of a version we have no layout for (the marker names it).
+    Unknown(&'static str),
+    /// No `_PyRuntime` in its mappings when last looked.
+    NotPython,
+}
+
+struct PyProc {
+    pid: u32,
+    mem: File,
+    layout: PyLayout,
+    code_type: u64,
+    codes: HashMap<u64, Option<Arc<CodeEntry>>>,
+}
+
+struct CodeEntry {
+    info: CodeInfo,
+    file: Arc<str>,
+    function: Arc<str>,
+}
+
+/// Per-process Python state of a session: which processes run which CPython, and their code
+/// objects.
+pub struct PyStacks {
+    depth: usize,
+    procs: HashMap<u32, ProcState>,
+}
+
+/// What [`PyStacks::configure`] found, for the caller to hand to BPF.
+pub enum Configured {
+    /// Walk this process's frames with these offsets.
+    Walk(PyProcess),
+    /// Nothing (more) to tell BPF.
+    Nothing,
+}
+
+impl PyStacks {
+    /// `depth`: most frames per stack (`--call-stack=python:D`).
+    pub fn new(depth: usize) -> Self {
+        PyStacks {
+            depth,
+            procs: HashMap::new(),
+        }
+    }
+
+    /// True once `pid` is known to run CPython (of any version).
+    pub fn is_known(&self, pid: u32) -> bool {
+        matches!(
+            self.procs.get(&pid),
+            Some(ProcState::Python(_) | ProcState::Unknown(_))
+        )
+    }
+
+    /// True once `pid`'s mappings were searched (whatever was found).
+    pub fn was_looked_at(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// Looks for CPython in `pid`'s mappings unless it was found already. Call again later
+    /// (after an exec, a library load) when it was not found.
+    pub fn configure(&mut self, pid: u32) -> Result<Configured> {
+        if self.is_known(pid) {
+            return Ok(Configured::Nothing);
+        }
+        let Some(interp) = find_interpreter(pid)? else {
+            self.procs.insert(pid, ProcState::NotPython);
+            return Ok(Configured::Nothing);
+        };
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot open /proc/{pid}/mem"))?;
+        // The interpreter's own offsets where it publishes them (3.13), else our table.
+        let published = read_at(&mem, interp.runtime, DEBUG_OFFSETS_WORDS * 8)
+            .ok()
+            .and_then(|b| layout_from_debug_offsets(&b));
+        let layout = published.or_else(|| interp.version.and_then(|(a, b)| layout_for(a, b)));
+        let Some(layout) = layout else {
+            let marker: &'static str = match interp.version {
+                Some((a, b)) => {
+                    Box::leak(format!("[python: unknown version {a}.{b}]").into_boxed_str())
+                }
+                None => "[python: unknown version]",
+            };
+            self.procs.insert(pid, ProcState::Unknown(marker));
+            return Ok(Configured::Nothing);
+        };
+        let mut walk = layout.walk;
+        walk.runtime = interp.runtime;
+        self.procs.insert(
+            pid,
+            ProcState::Python(Box::new(PyProc {
+                pid,
+                mem,
+                layout,
+                code_type: interp.code_type,
+                codes: HashMap::new(),
+            })),
+        );
+        Ok(Configured::Walk(walk))
+    }
+
+    /// [`configure`](Self::configure) and hand the result to BPF. `again`: look again in a
+    /// process where no interpreter was found before (it may have loaded libpython since).
+    pub fn enable(&mut self, bpf: &mut crate::trace::bpf::Bpf, pid: u32, again: bool) {
+        if self.is_known(pid) || (!again && self.was_looked_at(pid)) {
+            return;
+        }
+        match self.configure(pid) {
+            Ok(Configured::Walk(layout)) => {
+                crate::log::debug(&format!(
+                    "pid {pid}: CPython runtime at 0x{:x}: Python stacks on",
+                    layout.runtime
+                ));
+                if let Err(e) = bpf.set_python_process(pid, &layout) {
+                    crate::log::warn(&format!("pid {pid}: no Python stacks: {e:#}"));
+                    self.forget(pid);
+                }
+            }
+            Ok(Configured::Nothing) => {}
+            Err(e) => crate::log::debug(&format!("pid {pid}: no Python stacks: {e:#}")),
+        }
+    }
+
+    /// The process exited or exec'd: its code objects and interpreter are gone.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// The text for a call of `pid` that came without a Python sample.
+    pub fn without_sample(&self, pid: u32) -> Arc<str> {
+        Arc::from(
+            match self.procs.get(&pid) {
+                Some(ProcState::Unknown(m)) => PyStack::marker(m),
+                // A known interpreter whose BPF walk did not run (configured after the call).
+                Some(ProcState::Python(_)) => PyStack::marker(NO_THREAD_STATE),
+                _ => PyStack::marker(NO_INTERPRETER),
+            }
+            .text(),
+        )
+    }
+
+    /// Resolves a sample now, while the process is alive to read its code objects.
+    pub fn resolve(&mut self, s: &PySample) -> PyStack {
+        let depth = self.depth;
+        let Some(ProcState::Python(p)) = self.procs.get_mut(&s.pid) else {
+            return PyStack::marker(NO_INTERPRETER);
+        };
+        if s.flags & py_flags::NO_THREAD_STATE != 0 {
+            return PyStack::marker(NO_THREAD_STATE);
+        }
+        let mut out = PyStack::default();
+        // Which frames start an evaluation loop (`_PyEval_EvalFrameDefault` call): 3.11 marks
+        // them (`is_entry`); 3.12+ pushes a shim frame under each, so the frame listed just
+        // before a shim (innermost first) is one.
+        let mut entries = vec![false; s.frames.len()];
+        for (k, f) in s.frames.iter().enumerate() {
+            if f.meta & 0x100 != 0 {
+                entries[k] = true;
+            }
+            if p.layout.minor >= 12 && f.meta & 0xff == FRAME_OWNED_BY_CSTACK && k > 0 {
+                entries[k - 1] = true;
+            }
+        }
+        for (k, f) in s.frames.iter().enumerate() {
+            if p.layout.minor >= 12 && f.meta & 0xff == FRAME_OWNED_BY_CSTACK {
+                continue;
+            }
+            if out.frames.len() >= depth {
+                out.end = Some(TRUNCATED);
+                return out;
+            }
+            let frame = match p.code(f.code) {
+                Some(c) => PyFrame::Code {
+                    file: c.file.clone(),
+                    line: c.info.line_at(f.instr),
+                    function: c.function.clone(),
+                    entry: entries[k],
+                },
+                None => PyFrame::Unreadable { entry: entries[k] },
+            };
+            out.frames.push(frame);
+        }
+        if s.flags & (py_flags::READ_FAULT | py_flags::CHAIN_LOOP) != 0 {
+            out.end = Some(CHAIN_UNREADABLE);
+        } else if s.flags & py_flags::TRUNCATED != 0 {
+            out.end = Some(TRUNCATED);
+        } else if out.frames.is_empty() {
+            out.end = Some(NO_FRAMES);
+        }
+        out
+    }
+}

@@ -1,0 +1,143 @@
+use super::layouts::version_from_name;
+use super::memory::{signed_varint, varint};
+use super::*;
+use object::{Object, ObjectSection, ObjectSymbol};
+use std::path::Path;
+
+#[test]
+fn mixed_view_puts_each_loops_python_frames_in_its_place() {
+    let c = |address, function: &str| memscope_symbols::Frame {
+        address,
+        module: Some("libpython3.11.so.1.0".into()),
+        module_offset: 0,
+        function: Some(function.into()),
+        file: None,
+        line: None,
+        inlined: false,
+    };
+    let py = |function: &str, line, entry| PyFrame::Code {
+        file: Arc::from("/s.py"),
+        line: Some(line),
+        function: Arc::from(function),
+        entry,
+    };
+    let frames = [
+        c(0x10, "halMemAlloc"),
+        c(0x20, EVAL_LOOP),
+        c(0x30, "callback_trampoline"),
+        c(0x40, EVAL_LOOP),
+        c(0x50, EVAL_LOOP),
+        c(0x60, "main"),
+    ];
+    let stack = PyStack {
+        frames: vec![
+            py("inner", 3, false),
+            py("callback", 7, true),
+            PyFrame::Unreadable { entry: false },
+            py("<module>", 9, true),
+        ],
+        end: None,
+    };
+    assert_eq!(
+        mix(&frames, &stack, true),
+        "0x0000000000000010 halMemAlloc\n\
+         0x0000000000000020 [python] inner at /s.py:3\n\
+         0x0000000000000020 [python] callback at /s.py:7\n\
+         0x0000000000000030 callback_trampoline\n\
+         0x0000000000000040 [python] [python: code object unreadable]\n\
+         0x0000000000000040 [python] <module> at /s.py:9\n\
+         0x0000000000000050 _PyEval_EvalFrameDefault\n\
+         0x0000000000000060 main\n\
+         [truncated]"
+    );
+}
+
+/// The bytes of `_PyRuntime`'s initial value in an ELF file.
+fn runtime_image(path: &Path, len: usize) -> Vec<u8> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let addr = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("_PyRuntime"))
+        .unwrap()
+        .address();
+    let section = file
+        .sections()
+        .find(|s| addr >= s.address() && addr < s.address() + s.size())
+        .unwrap();
+    let at = (addr - section.address()) as usize;
+    section.data().unwrap()[at..at + len].to_vec()
+}
+
+#[test]
+fn the_313_table_agrees_with_the_interpreters_published_offsets() {
+    let Some(lib) = std::fs::read_dir("/root/.pyenv/versions")
+        .ok()
+        .and_then(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path().join("lib/libpython3.13.so.1.0"))
+                .find(|p| p.is_file())
+        })
+    else {
+        eprintln!("SKIPPED: no libpython3.13 under /root/.pyenv/versions");
+        return;
+    };
+    let image = runtime_image(&lib, DEBUG_OFFSETS_WORDS * 8);
+    assert_eq!(
+        layout_from_debug_offsets(&image),
+        layout_for(3, 13),
+        "{}",
+        lib.display()
+    );
+    // Not a debug-offsets table: no layout from it.
+    let mut other = image.clone();
+    other[0] = b'X';
+    assert_eq!(layout_from_debug_offsets(&other), None);
+    // A free-threaded build lays objects out differently.
+    let mut ft = image;
+    ft[16] = 1;
+    assert_eq!(layout_from_debug_offsets(&ft), None);
+}
+
+#[test]
+fn versions_from_file_names() {
+    assert_eq!(version_from_name("libpython3.10.so.1.0"), Some((3, 10)));
+    assert_eq!(version_from_name("python3.13"), Some((3, 13)));
+    assert_eq!(version_from_name("python"), None);
+}
+
+#[test]
+fn location_table_lines() {
+    // firstlineno 10: [2 units, no-column form, +1] [1 unit, one-line form +2, cols]
+    // [3 units, no location] [1 unit, long form, -3, end line 0, cols]
+    let table = [
+        0x80 | 13 << 3 | 1,
+        2, // +1
+        0x80 | 12 << 3,
+        4,
+        5,
+        0x80 | 15 << 3 | 2,
+        0x80 | 14 << 3,
+        7, // -3
+        0,
+        1,
+        2,
+    ];
+    let at = |o| line_for_offset(&table, 10, o);
+    assert_eq!(at(0), Some(11));
+    assert_eq!(at(3), Some(11));
+    assert_eq!(at(4), Some(13));
+    assert_eq!(at(6), None);
+    assert_eq!(at(11), None);
+    assert_eq!(at(12), Some(10));
+    assert_eq!(at(14), None);
+}
+
+#[test]
+fn varints() {
+    assert_eq!(varint(&[0x05]), Some(5));
+    assert_eq!(varint(&[0x41, 0x01]), Some(1 | 1 << 6));
+    assert_eq!(signed_varint(&[0x03]), Some(-1));
+    assert_eq!(signed_varint(&[0x04]), Some(2));
+    assert_eq!(varint(&[0x40]), None);
+}

@@ -1,0 +1,113 @@
+//! Building the output rows of memory events (MALLOC/FREE, pool rows) with their running
+//! `used` totals.
+
+use super::{Block, BlockKind, ProcessState, TrackOptions};
+use crate::events::pools::RegionChange;
+use crate::output::{DeviceKey, Row};
+
+impl ProcessState {
+    pub(super) fn pool_row(
+        &self,
+        event: &'static str,
+        b: &Block,
+        tid: u32,
+        ts_ns: u64,
+        c: RegionChange,
+    ) -> Row {
+        Row {
+            event,
+            event_type: b.kind.event_type(),
+            name: "N/A".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(b.device),
+            ptr: Some(b.addr),
+            attr: format!(
+                "allocation_id:{},addr:0x{:016x},size:{},used:{},total:{}",
+                b.allocation_id, b.addr, b.size, c.allocated, c.reserved
+            ),
+            c_stack: None,
+            py_stack: None,
+        }
+    }
+}
+
+impl ProcessState {
+    pub(super) fn free_row(
+        &mut self,
+        block: &Block,
+        tid: u32,
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        let used = self.used.entry(block.device).or_default();
+        *used = used.saturating_sub(block.size);
+        if opts.decompose {
+            self.decompose.on_free(&block.owner(), block.size);
+        }
+        if opts.dump.free {
+            rows.push(self.memory_row("FREE", block, tid, ts_ns, false));
+        }
+    }
+
+    pub(super) fn memory_row(
+        &self,
+        event: &'static str,
+        b: &Block,
+        tid: u32,
+        ts_ns: u64,
+        is_malloc: bool,
+    ) -> Row {
+        let used = self.used.get(&b.device).copied().unwrap_or(0);
+        // Hot path (every MALLOC/FREE row): one allocation, no `format!` temporaries.
+        use crate::output::csv::{push_hex16, push_u64};
+        let mut attr = Vec::with_capacity(128);
+        attr.extend_from_slice(b"allocation_id:");
+        push_u64(&mut attr, b.allocation_id);
+        attr.extend_from_slice(b",addr:");
+        push_hex16(&mut attr, b.addr);
+        attr.extend_from_slice(b",size:");
+        push_u64(&mut attr, b.size);
+        match b.kind {
+            BlockKind::PinnedHost => {
+                attr.extend_from_slice(b",pinned:true,used:");
+                push_u64(&mut attr, used);
+            }
+            // Pool rows are built by `pool_row`; kept total for exhaustiveness.
+            BlockKind::Pool(_) => {
+                attr.extend_from_slice(b",used:");
+                push_u64(&mut attr, used);
+            }
+            BlockKind::Device | BlockKind::Handle => {
+                attr.extend_from_slice(b",used:");
+                push_u64(&mut attr, used);
+                if is_malloc {
+                    attr.extend_from_slice(b",page_type:");
+                    attr.extend_from_slice(b.page_type.as_str().as_bytes());
+                    attr.extend_from_slice(if b.kind == BlockKind::Handle {
+                        b",alloc_type:create"
+                    } else {
+                        b",alloc_type:alloc"
+                    });
+                }
+            }
+        }
+        // SAFETY: only ASCII went in (digits, hex digits, ASCII literals, page type names).
+        let attr = unsafe { String::from_utf8_unchecked(attr) };
+        Row {
+            event,
+            event_type: b.kind.event_type(),
+            name: "N/A".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(b.device),
+            ptr: Some(b.addr),
+            attr,
+            c_stack: None,
+            py_stack: None,
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Finding and identifying files: the target's search path (LD_LIBRARY_PATH, RUNPATH,
+//! `$ORIGIN`, the ld.so cache, default and Ascend directories), file identity, and the
+//! planner's cache of parsed ELF objects keyed by it.
+
+use super::{Planner, probed_symbol};
+use anyhow::Result;
+use memscope_symbols::ElfObject;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::{ffi::OsStrExt, fs::MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub(super) const DEFAULT_DIRS: [&str; 8] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+];
+pub(super) const ASCEND_DIRS: [&str; 5] = [
+    "/usr/local/Ascend/driver/lib64",
+    "/usr/local/Ascend/driver/lib64/driver",
+    "/usr/local/Ascend/driver/lib64/common",
+    "/usr/local/Ascend/ascend-toolkit/latest/lib64",
+    "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64",
+];
+
+/// The environment a target resolves libraries with.
+#[derive(Clone, Debug, Default)]
+pub struct TargetEnv {
+    pub ld_library_path: Vec<PathBuf>,
+    pub ascend_home: Option<PathBuf>,
+    /// Prefix for paths as the target sees them (`/proc/PID/root` for another mount namespace).
+    pub root: Option<PathBuf>,
+}
+
+impl TargetEnv {
+    /// Our own environment (launch mode: the target inherits it).
+    pub fn current() -> Self {
+        TargetEnv {
+            ld_library_path: std::env::var_os("LD_LIBRARY_PATH")
+                .map(|v| split_paths(v.as_bytes()))
+                .unwrap_or_default(),
+            ascend_home: std::env::var_os("ASCEND_HOME_PATH").map(PathBuf::from),
+            root: None,
+        }
+    }
+
+    /// A running process's environment, from `/proc/PID/environ`.
+    pub fn of_process(pid: u32) -> Self {
+        let mut env = TargetEnv {
+            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
+            ..Default::default()
+        };
+        if let Ok(bytes) = fs::read(format!("/proc/{pid}/environ")) {
+            for var in bytes.split(|b| *b == 0) {
+                if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
+                    env.ld_library_path = split_paths(v);
+                } else if let Some(v) = var.strip_prefix(b"ASCEND_HOME_PATH=") {
+                    env.ascend_home = Some(PathBuf::from(OsStr::from_bytes(v)));
+                }
+            }
+        }
+        env
+    }
+
+    /// The path to open for a path as the target names it.
+    pub(super) fn host_path(&self, p: &Path) -> PathBuf {
+        match &self.root {
+            Some(root) if p.is_absolute() => {
+                let joined = root.join(p.strip_prefix("/").unwrap_or(p));
+                if joined.exists() {
+                    joined
+                } else {
+                    p.to_path_buf()
+                }
+            }
+            _ => p.to_path_buf(),
+        }
+    }
+}
+
+pub(super) fn split_paths(v: &[u8]) -> Vec<PathBuf> {
+    v.split(|b| *b == b':' || *b == b';')
+        .filter(|p| !p.is_empty())
+        .map(|p| PathBuf::from(OsStr::from_bytes(p)))
+        .collect()
+}
+
+/// What identifies a file's contents without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct FileId {
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) size: u64,
+    pub(super) mtime_ns: i128,
+}
+
+impl FileId {
+    pub(super) fn of(meta: &fs::Metadata) -> Self {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+        }
+    }
+}
+
+impl Planner {
+    pub(super) fn ld_cache(&mut self) -> &HashMap<String, PathBuf> {
+        self.ld_cache.get_or_insert_with(read_ld_cache)
+    }
+
+    pub(super) fn parse(&mut self, host: &Path) -> Option<Arc<ElfObject>> {
+        self.parse_or_error(host).ok()
+    }
+
+    /// The parsed object at `host`, parsed once per file identity (device, inode, size,
+    /// modification time): the same library under many paths or in many processes costs one
+    /// parse, and a file replaced in place is parsed again.
+    pub(super) fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
+        let meta =
+            fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
+        let id = FileId::of(&meta);
+        if let Some(c) = self.elf_cache.get(&id) {
+            return c.clone();
+        }
+        let parsed = ElfObject::open_filtered(host, &probed_symbol)
+            .map(Arc::new)
+            .map_err(|e| format!("{e:#}"));
+        self.elf_cache.insert(id, parsed.clone());
+        parsed
+    }
+}
+
+impl TargetEnv {
+    pub(super) fn of_process_root(pid: u32) -> Self {
+        TargetEnv {
+            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
+            ..Default::default()
+        }
+    }
+}
+
+pub(super) fn memchr_so(name: &[u8]) -> bool {
+    name.windows(3).any(|w| w == b".so")
+}
+
+/// Expands `$ORIGIN` (and `${ORIGIN}`) against the directory of `object`.
+pub(super) fn expand_origin(paths: &[String], object: &Path) -> Vec<PathBuf> {
+    let origin = object
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .to_string_lossy()
+        .into_owned();
+    paths
+        .iter()
+        .map(|p| PathBuf::from(p.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin)))
+        .collect()
+}
+
+/// `ldconfig -p`: library name -> path from /etc/ld.so.cache (empty if ldconfig is missing).
+pub(super) fn read_ld_cache() -> HashMap<String, PathBuf> {
+    let mut map = HashMap::new();
+    for ldconfig in ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"] {
+        let Ok(out) = std::process::Command::new(ldconfig).arg("-p").output() else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let line = line.trim();
+            let Some((name, rest)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some((_, path)) = rest.rsplit_once("=> ") else {
+                continue;
+            };
+            if rest.contains("x86-64") || rest.contains("AArch64") || !rest.contains("libc6,") {
+                map.entry(name.to_string())
+                    .or_insert_with(|| PathBuf::from(path));
+            }
+        }
+        break;
+    }
+    map
+}
+
+/// Finds a program the way execvp would (PATH search for names without a slash).
+pub fn find_program(program: &OsStr) -> Option<PathBuf> {
+    let p = Path::new(program);
+    if program.as_bytes().contains(&b'/') {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(p))
+        .find(|c| c.is_file() && is_executable(c))
+}
+
+pub(super) fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// For a `#!` script, the interpreter it names (so its libraries are planned too).
+pub fn script_interpreter(program: &Path) -> Option<PathBuf> {
+    let head = fs::read(program).ok()?;
+    let line = head.strip_prefix(b"#!")?.split(|b| *b == b'\n').next()?;
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let interp = words.next()?;
+    if interp.ends_with("/env") {
+        return find_program(OsStr::new(words.next()?));
+    }
+    Some(PathBuf::from(interp))
+}

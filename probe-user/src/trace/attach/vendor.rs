@@ -1,0 +1,96 @@
+//! Vendor libraries that need more than a symbol lookup: the op-API libraries (every
+//! operator function through one link) and torch_npu (its hidden allocator function).
+
+use super::Planner;
+use super::files::FileId;
+use crate::events::aclnn;
+use crate::trace::bpf::Bpf;
+use crate::trace::probes::{PROBES, ProbeId};
+use crate::trace::torch_npu;
+use memscope_symbols::ElfObject;
+use std::path::Path;
+
+impl Planner {
+    /// Probes every operator function the op library `host` exports, through one link for
+    /// all of them; returns how many.
+    pub(super) fn attach_op_api(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        obj: &ElfObject,
+    ) -> usize {
+        let mut points = Vec::new();
+        for name in obj.exported.iter().filter(|n| aclnn::is_op_function(n)) {
+            let (Some(sym), Some(index)) = (obj.function(name), aclnn::register(name)) else {
+                continue;
+            };
+            let cookie = ProbeId::AclnnOp as u64 | (index as u64) << probe_common::COOKIE_HI_SHIFT;
+            points.push((sym.file_offset, cookie));
+        }
+        if points.is_empty() {
+            return 0;
+        }
+        match bpf.attach_many(host, &points, true, self.scope) {
+            Ok(()) => {
+                self.debug.push(format!(
+                    "probe {} operator functions (aclnn*) of {}",
+                    points.len(),
+                    shown.display()
+                ));
+                points.len()
+            }
+            Err(e) => {
+                self.warnings.push(format!("{e:#}"));
+                0
+            }
+        }
+    }
+
+    /// Probes torch_npu's allocator report in `host` when the code is recognised; otherwise
+    /// says why, once per file, and leaves the library alone (HAL is still traced).
+    pub(super) fn attach_torch_npu(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        identity: FileId,
+    ) -> Option<&'static str> {
+        if !self.torch_npu_sites.contains_key(&identity) {
+            let site = torch_npu::locate_cached(
+                host,
+                (identity.dev, identity.ino, identity.size, identity.mtime_ns),
+            )
+            .map_err(|e| format!("{e:#}"));
+            match &site {
+                Ok(s) => self.debug.push(format!(
+                    "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",
+                    s.version.as_deref().unwrap_or("(version unknown)"),
+                    shown.display(),
+                    s.file_offset,
+                    s.layout,
+                    s.callers
+                )),
+                Err(why) => self.warn_once(format!(
+                    "{}: torch_npu's caching allocator not recognised ({why}); its blocks \
+                     (PTA rows) will not be traced, HAL still is",
+                    shown.display()
+                )),
+            }
+            self.torch_npu_sites.insert(identity, site);
+        }
+        let site = self.torch_npu_sites.get(&identity)?.as_ref().ok()?.clone();
+        let id = match site.layout {
+            torch_npu::UsageLayout::Original => ProbeId::PtaUsageOriginal,
+            torch_npu::UsageLayout::WithComponent => ProbeId::PtaUsageWithComponent,
+        };
+        let def = PROBES.iter().find(|p| p.id == id)?;
+        match bpf.attach_uprobe(host, site.file_offset, id as u16, false, self.scope) {
+            Ok(()) => Some(def.symbol),
+            Err(e) => {
+                self.warnings.push(format!("{e:#}"));
+                None
+            }
+        }
+    }
+}
