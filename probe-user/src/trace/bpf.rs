@@ -136,35 +136,25 @@ impl Bpf {
         bump_memlock_rlimit();
         // Parsed once for aya's loader and for the multi-uprobe copies of the programs.
         let kernel_btf = aya::Btf::from_sys_fs().ok();
-        let mut ebpf = EbpfLoader::new()
-            .btf(kernel_btf.as_ref())
-            .override_global("TP_OFFSETS", offsets, true)
-            .override_global(aya_log::LEVEL, &bpf_log_level(), true)
-            .map_max_entries("EVENTS", ring_bytes)
-            // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
-            // only the BPF side uses it.
-            .allow_unsupported_maps()
-            .load(BPF_OBJECT)
-            .context(
-                "loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)",
-            )?;
-        for (prog, category, name) in [
-            ("task_newtask", "task", "task_newtask"),
-            ("process_exec", "sched", "sched_process_exec"),
-            ("process_exit", "sched", "sched_process_exit"),
-            ("enter_openat", "syscalls", "sys_enter_openat"),
-            ("exit_openat", "syscalls", "sys_exit_openat"),
-        ] {
-            let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
-            tp.load()
-                .with_context(|| format!("verifier rejected {prog}"))?;
-            tp.attach(category, name)
-                .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
-        }
+        let mut log_level = bpf_log_level();
+        let mut ebpf = match load_tracing(kernel_btf.as_ref(), offsets, ring_bytes, log_level) {
+            // The BPF side's log statements are more code for the verifier: they must never
+            // cost the trace.
+            Err(e) if log_level != 0 => {
+                crate::log::debug(&format!(
+                    "the BPF side's log does not load here ({e:#}): going on without it"
+                ));
+                log_level = 0;
+                load_tracing(kernel_btf.as_ref(), offsets, ring_bytes, 0)?
+            }
+            loaded => loaded?,
+        };
         // aya's copies of the uprobe programs are loaded when first needed (perf links).
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
-        // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
-        forward_bpf_log(&mut ebpf)?;
+        if log_level != 0 {
+            // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
+            forward_bpf_log(&mut ebpf)?;
+        }
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
         let cpus = aya::util::online_cpus()
@@ -758,9 +748,43 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
         .ok_or_else(|| anyhow!("BPF map {name} missing from the object"))
 }
 
+/// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
+/// process-tree tracepoints.
+fn load_tracing(
+    kernel_btf: Option<&aya::Btf>,
+    offsets: &TracepointOffsets,
+    ring_bytes: u32,
+    log_level: u8,
+) -> Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .btf(kernel_btf)
+        .override_global("TP_OFFSETS", offsets, true)
+        .override_global(aya_log::LEVEL, &log_level, true)
+        .map_max_entries("EVENTS", ring_bytes)
+        // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
+        // only the BPF side uses it.
+        .allow_unsupported_maps()
+        .load(BPF_OBJECT)
+        .context("loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)")?;
+    for (prog, category, name) in [
+        ("task_newtask", "task", "task_newtask"),
+        ("process_exec", "sched", "sched_process_exec"),
+        ("process_exit", "sched", "sched_process_exit"),
+        ("enter_openat", "syscalls", "sys_enter_openat"),
+        ("exit_openat", "syscalls", "sys_exit_openat"),
+    ] {
+        let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
+        tp.load()
+            .with_context(|| format!("verifier rejected {prog}"))?;
+        tp.attach(category, name)
+            .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
+    }
+    Ok(ebpf)
+}
+
 /// The BPF side's aya-log level (`AYA_LOG_LEVEL`, a load-time constant): debug with
 /// `--log-level=debug`, else 0, which turns every BPF log statement off; the verifier then
-/// drops their branches, so logging off costs nothing.
+/// drops their branches: with logging off only the load and test of the level stay.
 fn bpf_log_level() -> u8 {
     if crate::log::enabled(crate::cli::LogLevel::Debug) {
         aya_log::Level::Debug as u8
@@ -770,11 +794,8 @@ fn bpf_log_level() -> u8 {
 }
 
 /// Prints the BPF side's log records as debug lines (`bpf: ...`), from a thread that waits on
-/// the log ring; nothing when the level is off.
+/// the log ring.
 fn forward_bpf_log(ebpf: &mut Ebpf) -> Result<()> {
-    if bpf_log_level() == 0 {
-        return Ok(());
-    }
     let mut logger = aya_log::EbpfLogger::init_with_logger(ebpf, BpfLogLines)
         .map_err(|e| anyhow!("cannot read the BPF side's log: {e}"))?;
     std::thread::Builder::new()
