@@ -20,9 +20,9 @@ use std::{path::PathBuf, time::Instant};
 
 use memscope_bpf::{
     analysis::leaks,
-    cli::{DataFormat, DeviceFilter, EventSet},
     events::decode::{self, Decoded},
     output::ProcessOutput,
+    settings::{DataFormat, DeviceFilter, EventSet},
     state::{ProcessState, StepFilter, TrackOptions},
     trace::probes::ProbeId,
 };

@@ -6,6 +6,8 @@
 //! semantics, stacks) -> `state` (per-process tracking, rows) -> `output` (files) and
 //! `analysis` (leaks, steps, owners). `offline` reads saved dumps back for `--compare` and
 //! `analyze`; `report` draws them (HTML, Perfetto, flame graphs); `agent` serves live state.
+//! `settings` holds the run settings (events, levels, devices, analyses, formats) that `cli`
+//! and the agent build and every stage reads.
 
 pub mod agent;
 pub mod analysis;
@@ -16,5 +18,6 @@ pub mod offline;
 pub mod output;
 pub mod report;
 pub mod session;
+pub mod settings;
 pub mod state;
 pub mod trace;

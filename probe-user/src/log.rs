@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::cli::LogLevel;
+use crate::settings::LogLevel;
 
 static LEVEL: AtomicU8 = AtomicU8::new(1);
 

@@ -7,9 +7,10 @@ use anyhow::{Context, Result, bail};
 
 use memscope_bpf::{
     analysis, cli,
-    cli::{DataFormat, Mode, Options},
+    cli::{Mode, Options},
     log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
+    settings::DataFormat,
     state::{StepFilter, TrackOptions},
     trace::attach,
     trace::attach::{Planner, TargetEnv},
@@ -25,9 +26,6 @@ const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == "agent") {
-        return memscope_bpf::agent::main(&argv[2..]);
-    }
     let opts = match cli::parse_from(argv) {
         Ok(o) => o,
         Err(e) if e.exit_code == 0 => {
@@ -39,6 +37,9 @@ fn main() -> ExitCode {
             return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
         }
     };
+    if let Mode::Agent(agent) = opts.mode {
+        return memscope_bpf::agent::main(agent);
+    }
     log::set_level(opts.log_level);
     for w in &opts.warnings {
         log::warn(w);
@@ -255,7 +256,7 @@ fn run(opts: Options) -> Result<u8> {
 
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),
-        config_json: cli::config_json(&opts),
+        config_json: memscope_bpf::output::config_json::config_json(&opts),
         format: opts.format,
         track: TrackOptions {
             dump: opts.dump_events,

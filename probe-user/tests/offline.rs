@@ -15,9 +15,9 @@ use std::{
 use common::{TRACER, find_files, run_tracer, scratch};
 use memscope_bpf::{
     analysis::leaks::LEAKS_HEADER,
-    cli::DataFormat,
     offline::reader::{self, DumpKind, DumpRow},
     output::{DeviceKey, ProcessOutput, Row, csv::CSV_HEADER, csv::quote_text},
+    settings::DataFormat,
     state::module_label,
 };
 use rusqlite::Connection;

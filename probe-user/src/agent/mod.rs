@@ -26,14 +26,14 @@ pub mod pprof;
 pub mod sampling;
 pub mod state;
 
-use std::{ffi::OsString, process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    cli::{DeviceFilter, EventSet},
     log,
     session::{Session, SessionConfig},
+    settings::{DeviceFilter, EventSet},
     state::{StepFilter, TrackOptions},
     trace::attach::Planner,
     trace::bpf::{self, Scope},
@@ -43,19 +43,8 @@ use crate::{
 use options::AgentOptions;
 use state::{AgentObserver, Shared};
 
-/// Entry point for `memscope-bpf agent ARGS...`.
-pub fn main(args: &[OsString]) -> ExitCode {
-    let opts = match options::parse(args) {
-        Ok(o) => o,
-        Err(e) if e.exit_code == 0 => {
-            println!("{}", e.message);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("memscope-bpf: {}", e.message);
-            return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
-        }
-    };
+/// Entry point for `memscope-bpf agent ARGS...`, once `cli` has parsed them.
+pub fn main(opts: AgentOptions) -> ExitCode {
     log::set_level(opts.log_level);
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
@@ -148,7 +137,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     let cfg = SessionConfig {
         output_dir: std::env::temp_dir(),
         config_json: String::new(),
-        format: crate::cli::DataFormat::Csv,
+        format: crate::settings::DataFormat::Csv,
         track: TrackOptions {
             dump: EventSet {
                 alloc: true,

@@ -1,40 +1,14 @@
-//! `memscope-bpf agent` options, parsed in the same hand-written style as `cli.rs`
-//! (`--name=value` or `--name value`; usage errors exit 2 and say what is accepted).
+//! `memscope-bpf agent` options: a clap `Args` struct, the `agent` subcommand of the main
+//! command line (`cli`), parsed and reported like it (`--name=value` or `--name value`; usage
+//! errors exit 2 and say what is accepted). Each option is one field with its default.
 
-use std::{ffi::OsString, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::cli::{CliError, LogLevel};
+use clap::Args;
 
-pub const AGENT_HELP: &str = "\
-memscope-bpf agent: an always-on node agent. Traces every process on the host that maps the
-Ascend libraries (those running now and those started later), keeps per-process, per-device
-memory state, and serves it to Prometheus (/metrics) and pprof tools (/debug/pprof/heap).
+use crate::settings::LogLevel;
 
-USAGE:
-    memscope-bpf agent [OPTIONS]
-
-OPTIONS:
-    --listen ADDR            HTTP address to serve on [default: 127.0.0.1:9464]. Binding to a
-                             non-loopback address exposes process names and stacks to the network.
-    --lib PATH               A library to probe from the start (repeatable), e.g. a CANN
-                             install's libascend_hal.so; others are found as processes open them
-    --sample-bytes N         Mean number of allocated bytes between two allocations whose call
-                             stack is kept (byte-weighted Poisson sampling; a block of N bytes or
-                             more is always kept; 0 keeps every stack) [default: 524288]
-    --stack-depth D          Frames per sampled stack; 0 turns stacks (and pprof sites) off
-                             [default: 32]
-    --leak-steps K           A block still live K steps after the step it was allocated in is a
-                             leak suspect [default: 3]
-    --snapshot-ms MS         How often live bytes, peaks and leak suspects are recomputed
-                             [default: 1000]
-    --keep-exited SECS       How long an exited process's final state stays in /metrics
-                             [default: 300]; at most --max-exited of them are kept [default: 256]
-    --heap-profile-out FILE  On shutdown, write the node's heap profile (gzipped profile.proto,
-                             the same as /debug/pprof/heap) to FILE
-    --ring-buffer-mib N      BPF ring buffer size in MiB, a power of two [default: 64]
-    --log-level LEVEL        error, warn, info or debug [default: info]
-    -h, --help               Print this help
-
+pub const ENDPOINTS: &str = "\
 ENDPOINTS:
     /metrics                      Prometheus text exposition format
     /ready                        200 once the probes are in place, 503 before
@@ -49,175 +23,113 @@ EXAMPLES:
     sudo memscope-bpf agent --listen 0.0.0.0:9464 --lib /usr/local/Ascend/driver/lib64/libascend_hal.so
     go tool pprof -top http://127.0.0.1:9464/debug/pprof/heap";
 
-#[derive(Clone, Debug, PartialEq)]
+/// What the agent serves and how (see `memscope-bpf agent --help`).
+#[derive(Args, Clone, Debug, PartialEq, Eq)]
 pub struct AgentOptions {
+    /// HTTP address to serve on [default: 127.0.0.1:9464]. Binding to a
+    /// non-loopback address exposes process names and stacks to the network.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_listen,
+        verbatim_doc_comment)]
     pub listen: SocketAddr,
+    /// A library to probe from the start (repeatable), e.g. a CANN
+    /// install's libascend_hal.so; others are found as processes open them
+    #[arg(long = "lib", value_name = "PATH", value_parser = parse_lib, verbatim_doc_comment)]
     pub libs: Vec<PathBuf>,
+    /// Mean number of allocated bytes between two allocations whose call
+    /// stack is kept (byte-weighted Poisson sampling; a block of N bytes or
+    /// more is always kept; 0 keeps every stack) [default: 524288]
+    #[arg(long, value_name = "N", default_value = "524288", verbatim_doc_comment,
+        value_parser = |v: &str| number(v, "a byte count", 0..=u64::MAX))]
     pub sample_bytes: u64,
+    /// Frames per sampled stack; 0 turns stacks (and pprof sites) off
+    /// [default: 32]
+    #[arg(long, value_name = "D", default_value = "32", verbatim_doc_comment,
+        value_parser = |v: &str| number(v, "a frame count from 0 to 128", 0..=128).map(|n| n as usize))]
     pub stack_depth: usize,
+    /// A block still live K steps after the step it was allocated in is a
+    /// leak suspect [default: 3]
+    #[arg(long, value_name = "K", default_value = "3", verbatim_doc_comment,
+        value_parser = |v: &str| number(v, "a step count of at least 1 (a block is a suspect after at least 1 step)", 1..=u64::from(u32::MAX)).map(|n| n as u32))]
     pub leak_steps: u32,
+    /// How often live bytes, peaks and leak suspects are recomputed
+    /// [default: 1000]
+    #[arg(long = "snapshot-ms", value_name = "MS", default_value = "1000", verbatim_doc_comment,
+        value_parser = |v: &str| number(v, "milliseconds from 100 to 60000", 100..=60_000).map(Duration::from_millis))]
     pub snapshot: Duration,
+    /// How long an exited process's final state stays in /metrics
+    /// [default: 300]; at most --max-exited of them are kept
+    #[arg(long, value_name = "SECS", default_value = "300", verbatim_doc_comment,
+        value_parser = |v: &str| number(v, "seconds", 0..=u64::MAX).map(Duration::from_secs))]
     pub keep_exited: Duration,
+    /// How many exited processes stay in /metrics at most [default: 256]
+    #[arg(long, value_name = "N", default_value = "256",
+        value_parser = |v: &str| number(v, "a process count", 0..=u64::MAX).map(|n| n as usize))]
     pub max_exited: usize,
+    /// On shutdown, write the node's heap profile (gzipped profile.proto,
+    /// the same as /debug/pprof/heap) to FILE
+    #[arg(long, value_name = "FILE", verbatim_doc_comment)]
     pub heap_profile_out: Option<PathBuf>,
+    /// BPF ring buffer size in MiB, a power of two [default: 64]
+    #[arg(long, value_name = "N", default_value = "64", value_parser = parse_ring_buffer)]
     pub ring_buffer_mib: u32,
+    /// error, warn, info or debug [default: info]
+    #[arg(long, value_name = "LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: LogLevel,
+    /// Print this help and exit
+    #[arg(short, long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
 }
 
-impl Default for AgentOptions {
-    fn default() -> Self {
-        AgentOptions {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            libs: Vec::new(),
-            sample_bytes: 512 * 1024,
-            stack_depth: 32,
-            leak_steps: 3,
-            snapshot: Duration::from_millis(1000),
-            keep_exited: Duration::from_secs(300),
-            max_exited: 256,
-            heap_profile_out: None,
-            ring_buffer_mib: 64,
-            log_level: LogLevel::Info,
-        }
+fn number(v: &str, what: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
+    v.parse()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| format!("expected {what}"))
+}
+
+fn parse_listen(v: &str) -> Result<SocketAddr, String> {
+    v.parse()
+        .map_err(|_| "expected IP:PORT, e.g. 127.0.0.1:9464".to_owned())
+}
+
+fn parse_lib(v: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(v);
+    p.is_file()
+        .then_some(p)
+        .ok_or_else(|| "not a file".to_owned())
+}
+
+fn parse_ring_buffer(v: &str) -> Result<u32, String> {
+    let n = number(v, "a power of two from 1 to 1024", 1..=1024)?;
+    n.is_power_of_two()
+        .then_some(n as u32)
+        .ok_or_else(|| "expected a power of two from 1 to 1024".to_owned())
+}
+
+fn parse_log_level(v: &str) -> Result<LogLevel, String> {
+    match v {
+        "error" => Ok(LogLevel::Error),
+        "warn" | "warning" => Ok(LogLevel::Warning),
+        "info" => Ok(LogLevel::Info),
+        "debug" => Ok(LogLevel::Debug),
+        _ => Err("error, warn, info or debug".to_owned()),
     }
-}
-
-fn number<T: std::str::FromStr>(name: &str, v: &str, what: &str) -> Result<T, CliError> {
-    v.parse().map_err(|_| {
-        CliError::usage(format!(
-            "invalid --{name} value '{v}': expected {what} (see 'memscope-bpf agent --help')"
-        ))
-    })
-}
-
-/// Parses the arguments after `agent`.
-pub fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
-    let mut o = AgentOptions::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].to_string_lossy().into_owned();
-        i += 1;
-        if arg == "-h" || arg == "--help" {
-            return Err(CliError {
-                message: AGENT_HELP.to_string(),
-                exit_code: 0,
-            });
-        }
-        let Some(body) = arg.strip_prefix("--") else {
-            return Err(CliError::usage(format!(
-                "unexpected argument '{arg}': the agent takes no program or pid, it traces every \
-                 process using the Ascend libraries (see 'memscope-bpf agent --help')"
-            )));
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n.to_string(), Some(v.to_string())),
-            None => (body.to_string(), None),
-        };
-        let known = [
-            "listen",
-            "lib",
-            "sample-bytes",
-            "stack-depth",
-            "leak-steps",
-            "snapshot-ms",
-            "keep-exited",
-            "max-exited",
-            "heap-profile-out",
-            "ring-buffer-mib",
-            "log-level",
-        ];
-        if !known.contains(&name.as_str()) {
-            return Err(CliError::usage(format!(
-                "unknown agent option '--{name}' (see 'memscope-bpf agent --help')"
-            )));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => {
-                let Some(v) = args.get(i) else {
-                    return Err(CliError::usage(format!("--{name} needs a value")));
-                };
-                i += 1;
-                v.to_string_lossy().into_owned()
-            }
-        };
-        match name.as_str() {
-            "listen" => {
-                o.listen = value.parse().map_err(|_| {
-                    CliError::usage(format!(
-                        "invalid --listen value '{value}': expected IP:PORT, e.g. 127.0.0.1:9464"
-                    ))
-                })?
-            }
-            "lib" => {
-                let p = PathBuf::from(&value);
-                if !p.is_file() {
-                    return Err(CliError::usage(format!(
-                        "invalid --lib value '{value}': not a file"
-                    )));
-                }
-                o.libs.push(p);
-            }
-            "sample-bytes" => o.sample_bytes = number(&name, &value, "a byte count")?,
-            "stack-depth" => {
-                o.stack_depth = number(&name, &value, "a frame count from 0 to 128")?;
-                if o.stack_depth > 128 {
-                    return Err(CliError::usage(format!(
-                        "invalid --stack-depth value '{value}': at most 128 frames"
-                    )));
-                }
-            }
-            "leak-steps" => {
-                o.leak_steps = number(&name, &value, "a step count of at least 1")?;
-                if o.leak_steps == 0 {
-                    return Err(CliError::usage(
-                        "invalid --leak-steps value '0': a block is a suspect after at least 1 step",
-                    ));
-                }
-            }
-            "snapshot-ms" => {
-                let ms: u64 = number(&name, &value, "milliseconds from 100 to 60000")?;
-                if !(100..=60_000).contains(&ms) {
-                    return Err(CliError::usage(format!(
-                        "invalid --snapshot-ms value '{value}': from 100 to 60000"
-                    )));
-                }
-                o.snapshot = Duration::from_millis(ms);
-            }
-            "keep-exited" => o.keep_exited = Duration::from_secs(number(&name, &value, "seconds")?),
-            "max-exited" => o.max_exited = number(&name, &value, "a process count")?,
-            "heap-profile-out" => o.heap_profile_out = Some(PathBuf::from(value)),
-            "ring-buffer-mib" => {
-                let n: u32 = number(&name, &value, "a power of two from 1 to 1024")?;
-                if !n.is_power_of_two() || n > 1024 {
-                    return Err(CliError::usage(format!(
-                        "invalid --ring-buffer-mib value '{value}': a power of two from 1 to 1024"
-                    )));
-                }
-                o.ring_buffer_mib = n;
-            }
-            "log-level" => {
-                o.log_level = match value.as_str() {
-                    "error" => LogLevel::Error,
-                    "warn" | "warning" => LogLevel::Warning,
-                    "info" => LogLevel::Info,
-                    "debug" => LogLevel::Debug,
-                    _ => {
-                        return Err(CliError::usage(format!(
-                            "invalid --log-level value '{value}': error, warn, info or debug"
-                        )));
-                    }
-                }
-            }
-            _ => unreachable!("checked against `known`"),
-        }
-    }
-    Ok(o)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{CliError, Mode};
+    use std::ffi::OsString;
+
+    /// Parses the arguments after `agent`, through the main command line.
+    fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
+        let argv = ["memscope-bpf", "agent"].map(OsString::from);
+        match crate::cli::parse_from(argv.into_iter().chain(args.iter().cloned()))?.mode {
+            Mode::Agent(opts) => Ok(opts),
+            mode => panic!("{mode:?}"),
+        }
+    }
 
     fn p(args: &[&str]) -> Result<AgentOptions, CliError> {
         parse(&args.iter().map(OsString::from).collect::<Vec<_>>())

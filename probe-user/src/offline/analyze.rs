@@ -23,11 +23,13 @@ use crate::{
         leaks::{self, LeakCause, ProcessLeaks},
         steps::{Gaps, LiveBlock, StepLeaks},
     },
-    cli::{self, Options, UNKNOWN_DEVICE_ID},
+    cli::Options,
     events::hal::{DEVICE_CPU, PageType},
     events::pools::PoolKind,
     log,
+    output::config_json::config_json,
     output::{DeviceKey, ProcessOutput},
+    settings::UNKNOWN_DEVICE_ID,
     state::{Block, BlockKind},
 };
 
@@ -307,7 +309,7 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
     if a.mallocs == 0 {
         log::warn("the dump has no HAL MALLOC rows: nothing to analyze");
     }
-    let config = cli::config_json(opts);
+    let config = config_json(opts);
     let mut pool_reports = pool_reports(input)?;
     let mut report = Vec::new();
     let mut written = Vec::new();

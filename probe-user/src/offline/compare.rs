@@ -28,9 +28,11 @@ use super::{
     reader::{self, DumpRow, Loc},
 };
 use crate::{
-    cli::{self, Levels, Options},
+    cli::Options,
     log,
+    output::config_json::config_json,
     output::{DeviceKey, ProcessOutput, local_timestamp},
+    settings::Levels,
 };
 
 /// The two header lines of `memory_compare_<ts>.csv`.
@@ -401,7 +403,7 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
             }
         ));
     }
-    let mut out = ProcessOutput::new(&opts.output_dir, std::process::id(), cli::config_json(opts));
+    let mut out = ProcessOutput::new(&opts.output_dir, std::process::id(), config_json(opts));
     let dir = out.subdir("compare")?;
     let (path, f) =
         dir.create_unique_file(&format!("memory_compare_{}", local_timestamp()), ".csv")?;

@@ -13,7 +13,8 @@ pub mod reader;
 
 use std::{fmt, path::Path};
 
-use crate::cli::MAX_COMPARE_INPUT_BYTES;
+/// Largest accepted input dump (8 GiB).
+pub const MAX_COMPARE_INPUT_BYTES: u64 = 8 << 30;
 
 /// Something wrong with an input file: where (file, and line or row when known) and what.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -588,7 +588,7 @@ fn parse_device(s: &str) -> Result<DeviceKey, String> {
         "N/A" => Ok(DeviceKey::NotApplicable),
         "cpu" | "host" => Ok(DeviceKey::Cpu),
         t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => match t.parse::<u32>() {
-            Ok(crate::cli::UNKNOWN_DEVICE_ID) => Ok(DeviceKey::NotApplicable),
+            Ok(crate::settings::UNKNOWN_DEVICE_ID) => Ok(DeviceKey::NotApplicable),
             Ok(crate::events::hal::DEVICE_CPU) => Ok(DeviceKey::Cpu),
             Ok(n) => Ok(DeviceKey::Npu(n)),
             Err(_) => Err(format!("Device Id '{}' is out of range", excerpt(s, 40))),

@@ -14,7 +14,7 @@ pub use format::quote_text;
 
 use super::db::DbWriter;
 use super::{DeviceKey, fsutil, local_timestamp};
-use crate::cli::DataFormat;
+use crate::settings::DataFormat;
 use anyhow::{Context, Result};
 use file::{CSV_BUFFER, CsvFile};
 use std::io::Write;

@@ -3,6 +3,7 @@
 //! (`.db` with `--format=db`).
 
 pub mod attr;
+pub mod config_json;
 pub mod csv;
 pub mod db;
 pub mod fsutil;

@@ -14,7 +14,7 @@ use super::{
     model::{LiveBlock, Model, Moment, TrackKey},
     sites::{self, SiteRow},
 };
-use crate::{cli::Levels, offline::compare};
+use crate::{offline::compare, settings::Levels};
 
 /// ECharts 6.1.0 `dist/echarts.min.js`, as published on npm (checked by a test).
 pub const ECHARTS_JS: &str = include_str!("../../assets/echarts/echarts.min.js");

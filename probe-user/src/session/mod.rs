@@ -6,7 +6,6 @@ mod processes;
 mod records;
 
 use crate::analysis::leaks::{LeakCause, ProcessLeaks};
-use crate::cli::DataFormat;
 use crate::events::decode;
 use crate::events::decode::{CallEvent, Decoded};
 use crate::events::kernels::KernelNames;
@@ -14,6 +13,7 @@ use crate::events::pystacks::{PyStack, PyStacks};
 use crate::events::stacks::{StackResolver, StackSample};
 use crate::log;
 use crate::output::{ProcessOutput, Row};
+use crate::settings::DataFormat;
 use crate::state::{ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};

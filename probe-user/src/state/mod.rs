@@ -17,13 +17,13 @@ pub use steps::StepFilter;
 use crate::analysis::decompose::Decompose;
 use crate::analysis::inefficient::InefficientAnalyzer;
 use crate::analysis::steps::{Gaps, StepLeaks};
-use crate::cli::{DeviceFilter, EventSet};
 use crate::events::decode::CallEvent;
 use crate::events::hal::PageType;
 use crate::events::labels::{Labels, ThreadLabels};
 use crate::events::pools::{PoolKind, Pools};
 use crate::events::{hal, labels};
 use crate::output::Row;
+use crate::settings::{DeviceFilter, EventSet};
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

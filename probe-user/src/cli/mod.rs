@@ -1,0 +1,377 @@
+//! Command-line parsing and validation for `memscope-bpf`, with clap (derive).
+//!
+//! The option set, defaults, validation rules and deprecated aliases follow msMemScope's
+//! `msmemscope` client (see the spec, section 4), with one deliberate deviation: everything from
+//! the first non-option argument on belongs to the traced program. msMemScope used GNU getopt
+//! permutation and so also consumed options written after the program name; we never do.
+//!
+//! `args.rs` declares every option (spelling, aliases, default, help) as a field of [`Options`]
+//! or, for those that pick the mode, of the command; `values.rs` holds the typed value parsers
+//! for what clap cannot check (msMemScope's lists split on `,` and `，`, ranges, paths); this
+//! file sets the mode and checks what spans several options. The settings types are
+//! `crate::settings`; `config.json` is written by `crate::output::config_json`. Program
+//! arguments pass through untouched, even when not UTF-8. `--help` and `--version` come back as `Err(CliError { exit_code: 0, .. })` so that
+//! the caller prints the message on stdout and exits 0; every usage error has `exit_code` 2.
+//! Uses `crate::settings`, `crate::report`'s request types and `crate::offline`'s input rules.
+
+mod args;
+#[cfg(test)]
+mod tests;
+mod types;
+mod values;
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::settings::*;
+pub use args::Options;
+use args::{Cli, Sub};
+pub use types::*;
+use values::{List, shown, shown_os};
+pub use values::{lexical_absolute, parse_watch, split_list};
+#[cfg(test)]
+use {
+    crate::offline::MAX_COMPARE_INPUT_BYTES,
+    crate::output::config_json::{config_json, json_escape},
+    values::{check_output_dir, parse_c_number, parse_decimal, split_list_os},
+};
+
+/// `memscope-bpf <version>`.
+pub fn version_text() -> String {
+    format!("{PROGRAM_NAME} {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The `--help` text.
+pub fn help_text() -> String {
+    command().render_help().to_string()
+}
+
+/// The clap command, with option values allowed to start with '-': a required value is taken
+/// from the next argument whatever it looks like, as getopt does (`--events -v` is an error
+/// about "-v", not a missing value). The program's positional keeps clap's default, so that an
+/// unknown option is an error instead of a program name. Defaults and choices are in the help
+/// texts themselves.
+fn command() -> clap::Command {
+    let tune = |a: clap::Arg| match a.get_action().takes_values() {
+        true => {
+            let option = a.get_long().is_some() || a.get_short().is_some();
+            a.allow_hyphen_values(option)
+                .hide_default_value(true)
+                .hide_possible_values(true)
+        }
+        false => a,
+    };
+    Cli::command()
+        .mut_args(tune)
+        .mut_subcommands(|s| s.mut_args(tune))
+}
+
+/// Parse the command line. `args[0]` is the program name.
+///
+/// Returns `Err` with `exit_code` 0 for `--help`/`--version` (the text goes to stdout) and with
+/// `exit_code` 2 for usage errors.
+pub fn parse_from<I, T>(args: I) -> Result<Options, CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    values::take_warnings();
+    let parsed = command()
+        .try_get_matches_from(&argv)
+        .and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let (cli, matches) = parsed.map_err(|e| from_clap(e, &argv))?;
+    let mut opts = cli.opts;
+    // Deprecated spellings among the options (the program's words are its own).
+    for word in argv.iter().take(argv.len() - cli.program.len()).skip(1) {
+        for (old, new) in args::DEPRECATED
+            .into_iter()
+            .filter(|(old, _)| spelled(word, old))
+        {
+            values::warn(values::deprecated(old, new));
+        }
+    }
+    let (mode, output, log) = match cli.command {
+        Some(Sub::Analyze(a)) => {
+            opts.sites = crate::report::SitesRequest {
+                by_site: a.by_site,
+                by_stack: a.by_stack,
+                at: a.at,
+                timeline_ms: a
+                    .timeline
+                    .map(|ms| ms.map_or(crate::report::model::DEFAULT_TIMELINE_MS, u64::from)),
+            };
+            let input = a.input_path.ok_or_else(|| {
+                CliError::usage("analyze needs the dump to read: analyze --input-path=DUMP")
+            })?;
+            (Mode::Analyze { input }, a.output_path, a.log)
+        }
+        Some(Sub::Report(r)) => {
+            let Some(List(inputs)) = r.input_path else {
+                return Err(CliError::usage(
+                    "report needs the run to draw: report --input-path=RUN_DIR|DUMP",
+                ));
+            };
+            let mut formats = r.format.unwrap_or(crate::report::Formats {
+                html: true,
+                ..Default::default()
+            });
+            formats.perfetto |= r.perfetto;
+            if inputs.len() == 2 && !formats.html {
+                return Err(CliError::usage(
+                    "two runs are compared in the HTML report: add html to --format",
+                ));
+            }
+            let output = match r.output_path {
+                Some(p) => p,
+                None => {
+                    lexical_absolute(Path::new("memscope_report.html"), &values::current_dir()?)
+                }
+            };
+            let request = crate::report::ReportRequest {
+                inputs,
+                output,
+                formats,
+            };
+            (Mode::Report { request }, None, r.log)
+        }
+        Some(Sub::Agent(agent)) => {
+            opts.mode = Mode::Agent(agent);
+            opts.warnings = values::take_warnings();
+            return Ok(opts);
+        }
+        None => (
+            trace_mode(cli.pid, cli.compare, cli.input_path, cli.program, &argv)?,
+            cli.output_path,
+            cli.log,
+        ),
+    };
+    opts.mode = mode;
+    opts.log_level = log.level();
+    opts.output_dir = output.map_or_else(values::default_output_dir, Ok)?;
+    opts.steps = cli.steps.map(|List(s)| s).unwrap_or_default();
+    if opts.max_files.is_some() && opts.max_file_mib.is_none() {
+        return Err(CliError::usage(
+            "--max-files needs --max-file-mib (files are only rotated by size)",
+        ));
+    }
+    if opts.max_file_mib.is_some() && opts.format == DataFormat::Db {
+        return Err(CliError::usage(
+            "--max-file-mib rotates CSV dumps; it cannot be used with --format=db",
+        ));
+    }
+    if !opts.steps.is_empty() && opts.analysis.leaks {
+        opts.analysis.leaks = false;
+        if matches.value_source("analysis") == Some(ValueSource::CommandLine) {
+            values::warn("leak analysis is turned off because --steps is given".to_owned());
+        }
+    }
+    opts.events = opts
+        .dump_events
+        .with_implied()
+        .union(opts.analysis.implied_events());
+    opts.warnings = values::take_warnings();
+    Ok(opts)
+}
+
+/// Whether `word` is option `name`, alone or with `=value`.
+fn spelled(word: &OsStr, name: &str) -> bool {
+    let word = word.as_bytes();
+    word.strip_prefix(name.as_bytes())
+        .is_some_and(|rest| rest.is_empty() || rest[0] == b'=')
+}
+
+/// Launch, attach or compare, from the program, `--pid`, `--compare` and `--input-path`.
+fn trace_mode(
+    pid: Option<u32>,
+    compare: bool,
+    inputs: Option<[PathBuf; 2]>,
+    words: Vec<OsString>,
+    argv: &[OsString],
+) -> Result<Mode, CliError> {
+    let mut words = words.into_iter();
+    let program = words.next();
+    if program.is_none() && argv.iter().skip(1).any(|a| a == "--") {
+        return Err(CliError::usage(format!(
+            "'--' must be followed by the program to launch (see '{PROGRAM_NAME} --help')"
+        )));
+    }
+    let only_with_compare = || CliError::usage("--input-path is only used together with --compare");
+    match (program, pid, compare, inputs) {
+        (Some(_), Some(_), _, _) => Err(CliError::usage(
+            "--pid cannot be combined with a program to launch; use one or the other",
+        )),
+        (_, Some(_), true, _) => Err(CliError::usage(
+            "--pid and --compare cannot be used together",
+        )),
+        (Some(program), None, true, _) => Err(CliError::usage(format!(
+            "--compare runs no program, but '{}' was given",
+            shown_os(&program)
+        ))),
+        (None, None, true, Some(inputs)) => Ok(Mode::Compare { inputs }),
+        (None, None, true, None) => Err(CliError::usage(
+            "--compare needs two dump files: --input-path=<A>,<B>",
+        )),
+        (_, _, false, Some(_)) => Err(only_with_compare()),
+        (Some(program), None, false, None) => Ok(Mode::Launch {
+            program,
+            args: words.collect(),
+        }),
+        (None, Some(pid), false, None) => Ok(Mode::Attach { pid }),
+        (None, None, false, None) => Err(CliError::usage(format!(
+            "nothing to trace: give a program to launch, --pid PID or --compare \
+             (see '{PROGRAM_NAME} --help')"
+        ))),
+    }
+}
+
+/// A clap error in this program's words: one line, the option as the user can find it in
+/// `--help`, and for options of another mode, where they belong. `argv[1]` names the mode.
+pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
+    let text = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let mode = argv.get(1).and_then(|a| a.to_str()).unwrap_or_default();
+    let mode = ["analyze", "report", "agent"]
+        .into_iter()
+        .find(|m| *m == mode);
+    // clap names an option with its placeholder: "--events <LIST>".
+    let invalid_arg = text(ContextKind::InvalidArg);
+    let arg = invalid_arg.split(' ').next().unwrap_or_default();
+    // Name a deprecated spelling as written.
+    let arg = args::DEPRECATED
+        .into_iter()
+        .find(|(old, new)| *new == arg && argv.iter().any(|a| spelled(a, old)))
+        .map_or(arg, |(old, _)| old);
+    let value = text(ContextKind::InvalidValue);
+    let last = argv.last().map(|a| a.to_string_lossy()).unwrap_or_default();
+    let message = match e.kind() {
+        ErrorKind::DisplayHelp => return CliError::info(e.to_string().trim_end()),
+        ErrorKind::DisplayVersion => return CliError::info(version_text()),
+        // Ours carry the whole message; clap's (plain fn parsers) the reason as the source.
+        ErrorKind::ValueValidation => {
+            match (text(ContextKind::Custom), std::error::Error::source(&e)) {
+                (ours, _) if !ours.is_empty() => ours,
+                (_, why) => {
+                    let why = why.map(|w| w.to_string()).unwrap_or_default();
+                    format!("invalid {arg} value '{}': {why}", shown(&value))
+                }
+            }
+        }
+        // A missing value: values may start with '-', so only the last argument can lack one.
+        ErrorKind::InvalidValue
+            if value.is_empty() && last.starts_with('-') && !last.contains('=') =>
+        {
+            let name = match last.strip_prefix("--") {
+                Some(_) => last.to_string(),
+                None => format!("-{}", last.chars().last().unwrap_or('?')),
+            };
+            match mode {
+                Some("agent") => format!("{name} needs a value"),
+                _ => format!("option '{name}' requires a value (see '{PROGRAM_NAME} --help')"),
+            }
+        }
+        ErrorKind::InvalidValue => {
+            let valid = match e.get(ContextKind::ValidValue) {
+                Some(ContextValue::Strings(v)) => v.clone(),
+                _ => Vec::new(),
+            };
+            let expected = match valid.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                None => "a value".to_owned(),
+            };
+            format!(
+                "invalid {arg} value '{}': expected {expected}",
+                shown(&value)
+            )
+        }
+        ErrorKind::TooManyValues => format!("option '{arg}' takes no value"),
+        ErrorKind::UnknownArgument => {
+            // clap's suggestion for a near miss: "--event" gets "did you mean '--events'?".
+            let hint = match text(ContextKind::SuggestedArg) {
+                near if near.starts_with('-') => format!("did you mean '{near}'? "),
+                _ => String::new(),
+            };
+            unknown_argument(arg, mode, argv).replace("(see '", &format!("({hint}see '"))
+        }
+        _ => {
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_owned()
+        }
+    };
+    CliError::usage(message)
+}
+
+fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String {
+    if !arg.starts_with('-') {
+        let why = match mode {
+            Some("analyze") => format!(
+                "'analyze' reads the dump given with --input-path=DUMP (to launch a program \
+                 named analyze, write '{PROGRAM_NAME} -- analyze')"
+            ),
+            Some("report") => "'report' reads the run given with --input-path=RUN".to_owned(),
+            _ => format!(
+                "the agent takes no program or pid, it traces every process using the Ascend \
+                 libraries (see '{PROGRAM_NAME} agent --help')"
+            ),
+        };
+        return format!("unexpected argument '{}': {why}", shown(arg));
+    }
+    // clap shows bytes that are not UTF-8 as U+FFFD; show the user's own bytes instead.
+    let raw = argv
+        .iter()
+        .skip(1)
+        .find(|a| a.to_str().is_none() && a.as_bytes().starts_with(b"-"));
+    let arg = match raw {
+        Some(raw) if arg.contains('\u{fffd}') => {
+            let bytes = raw.as_bytes();
+            shown_os(OsStr::from_bytes(
+                bytes.split(|&b| b == b'=').next().unwrap_or(bytes),
+            ))
+        }
+        _ => shown(arg),
+    };
+    // Where `arg` is an option: the main command, or which subcommand (read from clap's own
+    // definitions, so that a new option needs no entry here).
+    let root = Cli::command();
+    let takes = |c: &clap::Command| {
+        c.get_arguments().any(|a| {
+            a.get_long().is_some_and(|l| arg == format!("--{l}"))
+                || a.get_short().is_some_and(|s| arg == format!("-{s}"))
+        })
+    };
+    let list = |c: &clap::Command| {
+        let longs = c.get_arguments().filter_map(|a| a.get_long());
+        longs
+            .map(|l| format!("--{l}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let owner = root.get_subcommands().find(|s| takes(s));
+    match (mode, owner) {
+        (Some("agent"), _) => {
+            format!("unknown agent option '{arg}' (see '{PROGRAM_NAME} agent --help')")
+        }
+        (Some(sub), _) if takes(&root) => {
+            let sub = root.find_subcommand(sub).expect("a subcommand");
+            format!(
+                "{arg} cannot be used with '{}' (it takes {})",
+                sub.get_name(),
+                list(sub)
+            )
+        }
+        (None, Some(sub)) if !takes(&root) => {
+            let sub = sub.get_name();
+            format!("{arg} belongs to '{sub}': {PROGRAM_NAME} {sub} -i INPUT {arg}")
+        }
+        _ => format!("unrecognized option '{arg}' (see '{PROGRAM_NAME} --help')"),
+    }
+}
