@@ -786,7 +786,7 @@ fn load_tracing(
 /// `--log-level=debug`, else 0, which turns every BPF log statement off; the verifier then
 /// drops their branches: with logging off only the load and test of the level stay.
 fn bpf_log_level() -> u8 {
-    if crate::log::enabled(crate::cli::LogLevel::Debug) {
+    if crate::log::enabled(crate::settings::LogLevel::Debug) {
         aya_log::Level::Debug as u8
     } else {
         0
