@@ -22,6 +22,8 @@
 //! process from `TRACED` (`TRACED_GEN`), so traced HAL calls skip the lookup.
 #![no_std]
 #![no_main]
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod batch;
 mod calls;

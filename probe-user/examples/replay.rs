@@ -1,7 +1,7 @@
 //! User-space throughput benchmark (run by `cargo xtask bench`): replays a synthetic stream
 //! of ring-buffer records through the same path the tracer uses — per-CPU batch records of
 //! packed calls (`decode::batch_calls`, the layout of `probe_common::packed`), `decode::decode`,
-//! `tracker::ProcessState::apply_into`, a writer, and the leak analysis at the end — and
+//! `state::ProcessState::apply_into`, a writer, and the leak analysis at the end — and
 //! prints one JSON line:
 //!
 //! `{"writer":"csv","events":N,"seconds":S,"events_per_s":R,"rows":N,"live_blocks":B,"peak_rss_kib":K}`
@@ -19,9 +19,9 @@
 use std::{path::PathBuf, time::Instant};
 
 use memscope_bpf::{
-    analysis::leaks,
     events::decode::{self, Decoded},
     output::ProcessOutput,
+    output::leaks,
     settings::{DataFormat, DeviceFilter, EventSet},
     state::{ProcessState, StepFilter, TrackOptions},
     trace::probes::ProbeId,

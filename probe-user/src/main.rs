@@ -6,7 +6,7 @@ use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 use anyhow::{Context, Result, bail};
 
 use memscope_bpf::{
-    analysis, cli,
+    cli,
     cli::{Mode, Options},
     log, offline, output, report, session,
     session::{EndReason, Session, SessionConfig},
@@ -241,7 +241,7 @@ fn run(opts: Options) -> Result<u8> {
             if let Some(py) = &mut python {
                 py.enable(&mut bpf, pid, true);
             }
-            if !session::process_alive(pid) {
+            if !memscope_bpf::trace::target::process_alive(pid) {
                 return Err(usage(format!(
                     "process {pid} exited before tracing started"
                 )));
@@ -461,7 +461,7 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
         }
     }
     if !r.leaks.is_empty() {
-        for line in analysis::leaks::format_report(&r.leaks, 20).lines() {
+        for line in output::leaks::format_report(&r.leaks, 20).lines() {
             log::info(line);
         }
     }

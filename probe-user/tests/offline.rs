@@ -14,8 +14,8 @@ use std::{
 
 use common::{TRACER, find_files, run_tracer, scratch};
 use memscope_bpf::{
-    analysis::leaks::LEAKS_HEADER,
     offline::reader::{self, DumpKind, DumpRow},
+    output::leaks::LEAKS_HEADER,
     output::{DeviceKey, ProcessOutput, Row, csv::CSV_HEADER, csv::quote_text},
     settings::DataFormat,
     state::module_label,

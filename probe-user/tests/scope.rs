@@ -80,6 +80,9 @@ fn breakpoints_with_scope(name: &str, scope: Option<&str>) -> (bool, bool) {
         Some(s) => cmd.env("MEMSCOPE_BPF_SCOPE", s),
         None => cmd.env_remove("MEMSCOPE_BPF_SCOPE"),
     };
+    // No breakpoints left behind for the next test's untraced process (system scope puts
+    // them in every process that maps the library until the teardown is done).
+    cmd.env("MEMSCOPE_BPF_DETACH", "foreground");
     let tracer = cmd.spawn().unwrap();
     // The traced loop runs (its frees are logged) once its probes are in place.
     wait_for_text(&log, "FREE", 90);
@@ -204,6 +207,9 @@ fn attach_mode_with_system_wide_probes_traces_a_new_child_from_its_first_call() 
             out_dir.to_str().unwrap(),
         ])
         .env("MEMSCOPE_BPF_SCOPE", "system")
+        // System-wide breakpoints must be gone when it exits: the next test's untraced
+        // process maps the same library.
+        .env("MEMSCOPE_BPF_DETACH", "foreground")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

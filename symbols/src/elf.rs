@@ -5,7 +5,7 @@ use std::{collections::HashMap, fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use object::{
-    Endianness, Object, ObjectSection, ObjectSymbol, SymbolKind,
+    Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SymbolKind,
     elf::{self, PT_LOAD},
     read::elf::{Dyn, ElfFile64, ProgramHeader},
 };
@@ -19,6 +19,20 @@ pub struct FunctionSymbol {
     pub size: u64,
     /// Offset in the file: what a uprobe on this object attaches to.
     pub file_offset: u64,
+}
+
+/// Which symbols [`ElfObject::open_lookup`] reads: the cost follows the question, not the
+/// size of the file (a 400 MB library's 78 MB `.strtab` is never touched for 25 names).
+pub struct Lookup<'a> {
+    /// Exported names to look up in `.dynsym`, through its GNU hash table when it has one
+    /// (a few cache lines per name instead of a pass over every symbol).
+    pub names: &'a [&'a str],
+    /// Further `.dynsym` names to keep (a pass over the table): e.g. a prefix family that
+    /// only some libraries have. `None`: no pass.
+    pub scan: Option<&'a dyn Fn(&str) -> bool>,
+    /// Found names whose `NAME.cold` part (a local symbol, `.symtab` only) is wanted too;
+    /// `.symtab` is read only when one of them is found.
+    pub cold_of: &'a dyn Fn(&str) -> bool,
 }
 
 /// The parts of an ELF object the tracer uses to plan probes and find libraries.
@@ -57,6 +71,114 @@ impl ElfObject {
             .with_context(|| format!("cannot parse ELF file {}", path.display()))
     }
 
+    /// As [`ElfObject::open_filtered`] for the symbols `lookup` asks for, without a pass over
+    /// the symbol tables where the object allows it (see [`Lookup`]).
+    pub fn open_lookup(path: &Path, lookup: &Lookup) -> Result<Self> {
+        let map =
+            MappedFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse_lookup(map.bytes(), lookup)
+            .with_context(|| format!("cannot parse ELF file {}", path.display()))
+    }
+
+    /// As [`ElfObject::open_lookup`], on an in-memory image. Never panics on malformed input.
+    pub fn parse_lookup(data: &[u8], lookup: &Lookup) -> Result<Self> {
+        let file = parse_header(data)?;
+        let endian = file.endian();
+        let file_offset = file_offset_of(&file);
+        let mut out = ElfObject::default();
+        let dynsym = file.elf_dynamic_symbol_table();
+        let sections = file.elf_section_table();
+        let hash = sections
+            .gnu_hash(endian, data)
+            .ok()
+            .flatten()
+            .filter(|(_, link)| *link == dynsym.section());
+        match &hash {
+            Some((table, _)) if !dynsym.is_empty() => {
+                let versions = sections
+                    .versions(endian, data)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                for name in lookup.names {
+                    let bytes = name.as_bytes();
+                    let Some((index, _)) =
+                        table.find(endian, bytes, elf::gnu_hash(bytes), None, dynsym, &versions)
+                    else {
+                        continue;
+                    };
+                    if let Some(sym) = file.dynamic_symbol_table()
+                        && let Ok(sym) = sym.symbol_by_index(index)
+                    {
+                        out.add(&sym, true, &|_| true, &file_offset);
+                    }
+                }
+                if let Some(scan) = lookup.scan {
+                    for sym in file.dynamic_symbols() {
+                        out.add(&sym, true, scan, &file_offset);
+                    }
+                }
+            }
+            _ => {
+                // No GNU hash table: one pass over `.dynsym`.
+                let wanted =
+                    |n: &str| lookup.names.contains(&n) || lookup.scan.is_some_and(|s| s(n));
+                for sym in file.dynamic_symbols() {
+                    out.add(&sym, true, &wanted, &file_offset);
+                }
+            }
+        }
+        let colds: Vec<String> = out
+            .exported
+            .iter()
+            .filter(|n| (lookup.cold_of)(n))
+            .map(|n| format!("{n}.cold"))
+            .collect();
+        if !colds.is_empty() {
+            let wanted = |n: &str| colds.iter().any(|c| c == n);
+            for sym in file.symbols() {
+                out.add(&sym, false, &wanted, &file_offset);
+            }
+        }
+        out.exported.sort();
+        out.exported.dedup();
+        out.read_dynamic(&file, data)?;
+        Ok(out)
+    }
+
+    /// Records `sym` when it is a defined function whose name `keep` accepts. A dynamic
+    /// symbol replaces a `.symtab` one of the same name.
+    fn add<'data, 'file>(
+        &mut self,
+        sym: &impl ObjectSymbol<'data>,
+        dynamic: bool,
+        keep: &dyn Fn(&str) -> bool,
+        file_offset: &dyn Fn(u64) -> Option<u64>,
+    ) {
+        if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
+            return;
+        }
+        let Ok(name) = sym.name() else { return };
+        if name.is_empty() || !keep(name) {
+            return;
+        }
+        let Some(offset) = file_offset(sym.address()) else {
+            return;
+        };
+        if dynamic && sym.is_global() {
+            self.exported.push(name.to_string());
+        }
+        self.functions.insert(
+            name.to_string(),
+            FunctionSymbol {
+                name: name.to_string(),
+                address: sym.address(),
+                size: sym.size(),
+                file_offset: offset,
+            },
+        );
+    }
+
     /// Parses an in-memory ELF image. Never panics on malformed input.
     pub fn parse(data: &[u8]) -> Result<Self> {
         Self::parse_filtered(data, &|_| true)
@@ -64,58 +186,23 @@ impl ElfObject {
 
     /// As [`ElfObject::parse`], keeping only the symbols whose names `keep` accepts.
     pub fn parse_filtered(data: &[u8], keep: &dyn Fn(&str) -> bool) -> Result<Self> {
-        if data.len() < 5 || &data[..4] != b"\x7fELF" {
-            bail!("not an ELF file");
-        }
-        if data[4] != elf::ELFCLASS64 {
-            bail!("only 64-bit ELF objects are supported");
-        }
-        let file = ElfFile64::<Endianness>::parse(data)?;
-        let endian = file.endian();
-        let loads: Vec<(u64, u64, u64)> = file
-            .elf_program_headers()
-            .iter()
-            .filter(|ph| ph.p_type(endian) == PT_LOAD)
-            .map(|ph| (ph.p_vaddr(endian), ph.p_filesz(endian), ph.p_offset(endian)))
-            .collect();
-        let file_offset = |vaddr: u64| {
-            loads
-                .iter()
-                .find(|(start, size, _)| vaddr >= *start && vaddr < start.saturating_add(*size))
-                // Headers are input: an offset that overflows means no usable file offset.
-                .and_then(|(start, _, off)| (vaddr - start).checked_add(*off))
-        };
-
+        let file = parse_header(data)?;
+        let file_offset = file_offset_of(&file);
         let mut out = ElfObject::default();
         for (symbols, dynamic) in [(file.symbols(), false), (file.dynamic_symbols(), true)] {
             for sym in symbols {
-                if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
-                    continue;
-                }
-                let Ok(name) = sym.name() else { continue };
-                if name.is_empty() || !keep(name) {
-                    continue;
-                }
-                let Some(offset) = file_offset(sym.address()) else {
-                    continue;
-                };
-                if dynamic && sym.is_global() {
-                    out.exported.push(name.to_string());
-                }
-                out.functions.insert(
-                    name.to_string(),
-                    FunctionSymbol {
-                        name: name.to_string(),
-                        address: sym.address(),
-                        size: sym.size(),
-                        file_offset: offset,
-                    },
-                );
+                out.add(&sym, dynamic, keep, &file_offset);
             }
         }
         out.exported.sort();
         out.exported.dedup();
+        out.read_dynamic(&file, data)?;
+        Ok(out)
+    }
 
+    /// DT_NEEDED, DT_SONAME, the search paths, the build-id and the interpreter.
+    fn read_dynamic(&mut self, file: &ElfFile64<Endianness>, data: &[u8]) -> Result<()> {
+        let endian = file.endian();
         let sections = file.elf_section_table();
         if let Some((entries, link)) = sections.dynamic(endian, data)? {
             let strings = sections.strings(endian, data, link)?;
@@ -128,22 +215,22 @@ impl ElfObject {
                 };
                 let value = String::from_utf8_lossy(value).into_owned();
                 match d.tag32(endian) {
-                    Some(elf::DT_NEEDED) => out.needed.push(value),
-                    Some(elf::DT_SONAME) => out.soname = Some(value),
-                    Some(elf::DT_RUNPATH) => out.runpath.extend(split_path_list(&value)),
-                    Some(elf::DT_RPATH) => out.rpath.extend(split_path_list(&value)),
+                    Some(elf::DT_NEEDED) => self.needed.push(value),
+                    Some(elf::DT_SONAME) => self.soname = Some(value),
+                    Some(elf::DT_RUNPATH) => self.runpath.extend(split_path_list(&value)),
+                    Some(elf::DT_RPATH) => self.rpath.extend(split_path_list(&value)),
                     _ => {}
                 }
             }
         }
-        out.build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        self.build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
         if let Some(interp) = file.section_by_name(".interp")
             && let Ok(bytes) = interp.data()
         {
             let s = bytes.split(|b| *b == 0).next().unwrap_or_default();
-            out.interpreter = Some(String::from_utf8_lossy(s).into_owned());
+            self.interpreter = Some(String::from_utf8_lossy(s).into_owned());
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Looks up a defined function by name.
@@ -156,6 +243,34 @@ impl ElfObject {
         self.exported
             .binary_search_by(|e| e.as_str().cmp(name))
             .is_ok()
+    }
+}
+
+fn parse_header(data: &[u8]) -> Result<ElfFile64<'_, Endianness>> {
+    if data.len() < 5 || &data[..4] != b"\x7fELF" {
+        bail!("not an ELF file");
+    }
+    if data[4] != elf::ELFCLASS64 {
+        bail!("only 64-bit ELF objects are supported");
+    }
+    Ok(ElfFile64::<Endianness>::parse(data)?)
+}
+
+/// Maps a linked virtual address to its file offset (through the PT_LOAD segments).
+fn file_offset_of(file: &ElfFile64<Endianness>) -> impl Fn(u64) -> Option<u64> + use<> {
+    let endian = file.endian();
+    let loads: Vec<(u64, u64, u64)> = file
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == PT_LOAD)
+        .map(|ph| (ph.p_vaddr(endian), ph.p_filesz(endian), ph.p_offset(endian)))
+        .collect();
+    move |vaddr: u64| {
+        loads
+            .iter()
+            .find(|(start, size, _)| vaddr >= *start && vaddr < start.saturating_add(*size))
+            // Headers are input: an offset that overflows means no usable file offset.
+            .and_then(|(start, _, off)| (vaddr - start).checked_add(*off))
     }
 }
 
@@ -259,6 +374,44 @@ mod tests {
         let len = fs::metadata("/proc/self/exe").unwrap().len();
         let main = obj.function("main").expect("main symbol");
         assert!(main.file_offset > 0 && main.file_offset < len);
+    }
+
+    /// The hash lookup finds what a pass over both tables finds, and nothing else.
+    #[test]
+    fn lookup_by_hash_agrees_with_a_full_pass() {
+        let libc = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+        let Some(libc) = libc else { return };
+        let data = fs::read(libc).unwrap();
+        // Names with one version each (a pass keeps the last of several, dlsym the default).
+        let names = ["malloc", "free", "exit", "calloc", "no_such_function_here"];
+        let by_hash = ElfObject::parse_lookup(
+            &data,
+            &Lookup {
+                names: &names,
+                scan: Some(&|n: &str| n.starts_with("pthread_mutex_")),
+                cold_of: &|_| false,
+            },
+        )
+        .unwrap();
+        let wanted = |n: &str| names.contains(&n) || n.starts_with("pthread_mutex_");
+        let mut by_pass = ElfObject::parse_filtered(&data, &wanted).unwrap();
+        // `.symtab` (absent from a stripped libc anyway) is not read without a `.cold` ask.
+        by_pass
+            .functions
+            .retain(|n, _| by_pass.exported.contains(n));
+        assert_eq!(by_hash.exported, by_pass.exported);
+        assert_eq!(by_hash.functions, by_pass.functions);
+        assert!(by_hash.exports("malloc") && by_hash.exports("pthread_mutex_lock"));
+        assert!(!by_hash.exports("no_such_function_here"));
+        assert_eq!(by_hash.needed, by_pass.needed);
+        assert_eq!(by_hash.soname.as_deref(), Some("libc.so.6"));
+        // Only the asked-for names.
+        assert!(!by_hash.exports("printf"));
     }
 
     #[test]

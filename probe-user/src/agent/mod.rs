@@ -9,7 +9,7 @@
 //!   uprobes once, by inode, and fires in every process that maps it. A process is *picked
 //!   up* at its first call into a probed library; processes that never call one cost an
 //!   uprobe-free exec/open event and nothing else.
-//! * state: the session (`session.rs`) and the per-process tracker (`tracker.rs`) do the work
+//! * state: the session (`session/`) and the per-process state (`state/`) do the work
 //!   as for a single run; the agent is a session [`Observer`](crate::session::Observer)
 //!   (`state.rs`) that writes no files and keeps a bounded summary per process.
 //! * sampling (`sampling.rs`): stacks are resolved for a byte-weighted Poisson sample of
@@ -18,6 +18,9 @@
 //!   `/ready`, `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
 //!
 //! The agent never stops or signals a traced process (`stop_on_discovery` stays off).
+//!
+//! A second front end beside `main`: uses `session`, `trace`, `events`, `state`, `output`,
+//! `cli`, `settings` and `log`; nothing uses it but `main` and `cli` (its subcommand).
 
 pub mod http;
 pub mod metrics;

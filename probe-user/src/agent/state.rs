@@ -1,6 +1,6 @@
 //! What the agent knows about each process, and the session observer that keeps it.
 //!
-//! The session's per-process trackers (`tracker::ProcessState`) stay the source of truth; this
+//! The session's per-process trackers (`state::ProcessState`) stay the source of truth; this
 //! observer reads them every snapshot interval into a small [`ProcessSnapshot`] per process
 //! (bytes by device and owner, peaks, leak suspects, the heap by stack) that the HTTP side
 //! serves. Counters that must be exact (allocations, frees, allocated bytes) are counted on

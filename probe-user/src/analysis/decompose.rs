@@ -7,11 +7,7 @@
 //! segments the pool got from the driver), so each layer adds up on its own: the `CANN@*`
 //! owners to the live driver memory, the pool owners to the memory the pools handed out.
 
-use std::{collections::BTreeMap, io::Write, path::PathBuf};
-
-use anyhow::Result;
-
-use crate::output::{ProcessOutput, local_timestamp};
+use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OwnerBytes {
@@ -48,6 +44,11 @@ impl Decompose {
         self.steps.push((step, snapshot));
     }
 
+    /// The bytes of each owner at the end of every step so far.
+    pub fn step_snapshots(&self) -> &[(u32, BTreeMap<String, u64>)] {
+        &self.steps
+    }
+
     pub fn owners(&self) -> &BTreeMap<String, OwnerBytes> {
         &self.owners
     }
@@ -66,26 +67,6 @@ impl Decompose {
             s.push_str(&format!("{owner:<24}{:>18}{:>18}\n", b.current, b.peak));
         }
         s
-    }
-
-    /// `decompose_<ts>.csv` in the process directory: the bytes of each owner at the end of
-    /// every step, then at the end of tracing (step `end`), with the peak.
-    pub fn write_csv(&self, out: &mut ProcessOutput) -> Result<PathBuf> {
-        let dir = out.ensure_dir()?;
-        let (path, f) =
-            dir.create_unique_file(&format!("decompose_{}", local_timestamp()), ".csv")?;
-        let mut f = std::io::BufWriter::new(f);
-        writeln!(f, "Step,Owner,Current(byte),Peak(byte)")?;
-        for (step, owners) in &self.steps {
-            for (owner, bytes) in owners {
-                writeln!(f, "{step},{owner},{bytes},")?;
-            }
-        }
-        for (owner, b) in &self.owners {
-            writeln!(f, "end,{owner},{},{}", b.current, b.peak)?;
-        }
-        f.flush()?;
-        Ok(path)
     }
 }
 

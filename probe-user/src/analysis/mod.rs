@@ -1,6 +1,11 @@
-//! Analyses run in user space over the tracked state.
+//! Stage 4, analyzers fed online by `state` as each call is applied (and by `offline` from
+//! saved dumps): owners ([`decompose`]), inefficient blocks ([`inefficient`]), step leaks and
+//! gaps ([`steps`]). They keep numbers; `output` writes their files (`output::decompose`,
+//! and `output::leaks` for the blocks still live when a process ends).
+//!
+//! Uses `events` (pool kinds) and `log`. Never `state` (which feeds them), `output`, `trace`,
+//! `session`, `report` or `agent` (tests/layout.rs checks it).
 
 pub mod decompose;
 pub mod inefficient;
-pub mod leaks;
 pub mod steps;

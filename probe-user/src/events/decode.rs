@@ -1,4 +1,8 @@
 //! Raw ring-buffer records to typed events.
+//!
+//! Here: the record types and the dispatch by record kind; `decode/calls.rs` turns one
+//! probe's record into a [`Call`] (strings read late when BPF could not), `decode/regions.rs`
+//! puts mstx region lists back together from their chunks.
 
 mod calls;
 mod regions;

@@ -1,7 +1,12 @@
-//! Interpreting what BPF sent: records decoded into calls, and the vendor semantics of those
-//! calls (HAL flags, ATB packs, pools, labels, kernel names, C and Python stacks).
+//! Stage 2, interpreting what BPF sent: ring-buffer records decoded into calls ([`decode`]),
+//! and the vendor meaning of those calls: HAL flags and devices ([`hal`]), ATB operator packs
+//! ([`atb`]), framework pools ([`pools`]), decompose labels ([`labels`]), kernel names
+//! ([`kernels`]), C stacks ([`stacks`], resolved off the hot path) and Python stacks
+//! ([`pystacks`], read from outside the process).
+//!
+//! Uses `trace` (probe ids and the probe table: what a record means) and `log`. Never
+//! `state`, `session`, `analysis` or `output` (tests/layout.rs checks it).
 
-pub mod aclnn;
 pub mod atb;
 pub mod decode;
 pub mod hal;

@@ -13,6 +13,10 @@
 //! line ending in `\n`. What cannot be read is said in the stack, never guessed:
 //! `[python: unknown version 3.10]`, `[python: no interpreter]`, `[python: no thread state]`,
 //! `[python: code object unreadable]`, `[python: frame chain unreadable]`, `[truncated]`.
+//!
+//! Here: per-process state and resolving a sample; `pystacks/layouts.rs` holds the version
+//! tables and finds CPython, `pystacks/memory.rs` reads code objects from the process,
+//! `pystacks/format.rs` writes frames, markers and the mixed C/Python view.
 
 mod format;
 mod layouts;

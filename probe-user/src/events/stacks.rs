@@ -1,7 +1,7 @@
 //! C call stacks (`--call-stack=c[:D]`): samples from BPF (registers, a frame-pointer walk and
 //! a copy of the user stack) are unwound with DWARF CFI and symbolized on a worker thread, so
 //! draining the ring buffer never waits for DWARF parsing. Rows wait in the reorder buffer
-//! until their stack is ready (see `session.rs`).
+//! until their stack is ready (see `session/`).
 
 use std::{
     collections::HashMap,

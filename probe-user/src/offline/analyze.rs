@@ -19,16 +19,16 @@ use anyhow::Result;
 
 use super::reader::{self, DumpRow, Loc, parse_ptr};
 use crate::{
-    analysis::{
-        leaks::{self, LeakCause, ProcessLeaks},
-        steps::{Gaps, LiveBlock, StepLeaks},
-    },
+    analysis::steps::{Gaps, LiveBlock, StepLeaks},
     cli::Options,
     events::hal::{DEVICE_CPU, PageType},
     events::pools::PoolKind,
     log,
     output::config_json::config_json,
-    output::{DeviceKey, ProcessOutput},
+    output::{
+        DeviceKey, ProcessOutput,
+        leaks::{self, LeakCause, ProcessLeaks},
+    },
     settings::UNKNOWN_DEVICE_ID,
     state::{Block, BlockKind},
 };

@@ -5,6 +5,9 @@
 //! Inputs may be our own dumps or msMemScope's (CSV in the current layout or the 2025-04 one,
 //! or the SQLite db). Problems with an input are [`InputError`]s, which the command turns into
 //! exit code 2 with the file and line in the message.
+//!
+//! A second entry, after the run: uses `analysis`, `state`, `events`, `output`, `cli`,
+//! `settings`, `digits` and `log`; never `trace`, `session`, `report` or `agent` (tests/layout.rs).
 
 pub mod analyses;
 pub mod analyze;

@@ -1,16 +1,17 @@
 //! `memscope_dump_<ts>.csv` (or `.db` with `--format=db`), written row by row as events arrive
 //! (time order), one file per device of each traced process.
+//!
+//! Here: one process's files (rotation, failures, flushes); `csv/format.rs` turns a row into
+//! its CSV line, `csv/file.rs` buffers whole lines into one file.
 
 mod file;
 mod format;
 #[cfg(test)]
 mod tests;
 
+pub use crate::digits::{push_hex16, push_u64};
+pub use crate::state::{Row, quote_text};
 pub use file::MAX_WAITING_BYTES;
-pub use format::Row;
-pub use format::push_hex16;
-pub use format::push_u64;
-pub use format::quote_text;
 
 use super::db::DbWriter;
 use super::{DeviceKey, fsutil, local_timestamp};

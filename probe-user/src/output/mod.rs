@@ -1,55 +1,26 @@
 //! Output files in msMemScope's layout:
 //! `<out>/msmemscope_<pid>_<ts>_ascend/{config.json, device_<id>/dump/memscope_dump_<ts>.csv}`
 //! (`.db` with `--format=db`).
+//!
+//! Stage 5, the writers: rows (`state::Row`, re-exported here) to CSV ([`csv`]) or SQLite
+//! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]),
+//! the leak report of the blocks still live when a process ends ([`leaks`]), and the files of
+//! the analyses (`decompose.rs`: `Decompose::write_csv`).
+//!
+//! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `cli` (config.json
+//! records the options as given), `digits` and `log`. Never `trace`, `events`, `session`,
+//! `report` or `agent` (tests/layout.rs checks it).
 
 pub mod attr;
 pub mod config_json;
 pub mod csv;
 pub mod db;
+mod decompose;
 pub mod fsutil;
+pub mod leaks;
 
-pub use csv::{ProcessOutput, Row};
-
-use std::fmt;
-
-/// The "Device Id" of a row, and which `device_*` directory it lands in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceKey {
-    Npu(u32),
-    Cpu,
-    /// Not tied to a device (SYSTEM rows, marks on a thread that never set a device):
-    /// copied into every device file of the process.
-    NotApplicable,
-}
-
-impl DeviceKey {
-    pub fn from_id(id: u32) -> Self {
-        if id == crate::events::hal::DEVICE_CPU {
-            DeviceKey::Cpu
-        } else {
-            DeviceKey::Npu(id)
-        }
-    }
-
-    /// Directory name under the process directory.
-    pub fn dir_name(&self) -> Option<String> {
-        match self {
-            DeviceKey::Npu(n) => Some(format!("device_{n}")),
-            DeviceKey::Cpu => Some("device_cpu".to_string()),
-            DeviceKey::NotApplicable => None,
-        }
-    }
-}
-
-impl fmt::Display for DeviceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceKey::Npu(n) => write!(f, "{n}"),
-            DeviceKey::Cpu => f.write_str("cpu"),
-            DeviceKey::NotApplicable => f.write_str("N/A"),
-        }
-    }
-}
+pub use crate::state::{DeviceKey, Row};
+pub use csv::ProcessOutput;
 
 /// `%Y%m%d%H%M%S` in local time, as msMemScope names files and directories.
 pub fn local_timestamp() -> String {

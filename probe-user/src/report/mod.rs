@@ -12,6 +12,9 @@
 //! * [`perfetto`]: Chrome trace-event JSON for ui.perfetto.dev and chrome://tracing;
 //! * [`sites`]: live bytes per allocation site or stack (`--by-site`, `--by-stack`), folded
 //!   stacks for `flamegraph.pl` and speedscope JSON, at the end and at the peak.
+//!
+//! Uses `offline` (reading runs), `output` (device keys), `settings` and `log`; never the live
+//! stages (`trace`, `events`, `state`, `session`) (tests/layout.rs checks it).
 
 pub mod html;
 pub mod model;

@@ -9,6 +9,9 @@
 //! the one with its `allocation_id` when it has one. Framework pool regions (PTA, MINDSPORE,
 //! ATB, ...) are a second, separate sum: they live inside segments the pools got from the
 //! driver, so they are drawn as lines over the driver memory, never stacked onto it.
+//!
+//! Here: the model and the walk over it; `model/build.rs` reads the dumps into events,
+//! `model/live.rs` keeps what is live during the walk.
 
 mod build;
 mod live;

@@ -1,23 +1,32 @@
 //! The tracing session: drains the ring buffer, keeps probes attached as libraries appear,
 //! turns events into rows in time order, and ends when the traced tree is gone or on a signal.
+//!
+//! The run loop that wires the stages: `trace` (attach as libraries appear) -> `events`
+//! (decode, stacks) -> `state` (per process) -> `output` and `analysis` (when a process
+//! ends). Files: `records` (one ring-buffer record at a time), `call_stacks` (C and Python
+//! stacks joined to their call), `processes` (processes coming and going).
+//!
+//! Uses every stage above (`trace`, `events`, `state`, `analysis`, `output`), `settings`
+//! and `log`; used by `main` and `agent` only.
 
 mod call_stacks;
 mod processes;
 mod records;
 
-use crate::analysis::leaks::{LeakCause, ProcessLeaks};
 use crate::events::decode;
 use crate::events::decode::{CallEvent, Decoded};
 use crate::events::kernels::KernelNames;
 use crate::events::pystacks::{PyStack, PyStacks};
 use crate::events::stacks::{StackResolver, StackSample};
 use crate::log;
+use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::output::{ProcessOutput, Row};
 use crate::settings::DataFormat;
 use crate::state::{ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};
 use crate::trace::launch;
+use crate::trace::target::process_alive;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use std::cmp::{Ordering, Reverse};
@@ -426,17 +435,6 @@ fn raise_consumer_priority() {
         if libc::setpriority(libc::PRIO_PROCESS, tid, CONSUMER_NICE) != 0 {
             log::debug("could not raise the ring consumer's priority (needs CAP_SYS_NICE)");
         }
-    }
-}
-
-/// True while `/proc/PID` exists and is not a zombie.
-pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
     }
 }
 

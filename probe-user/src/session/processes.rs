@@ -2,11 +2,11 @@
 //! analyses and files.
 
 use super::{REORDER_WINDOW_NS, Session, Traced, clock_ns};
-use crate::analysis::leaks;
-use crate::analysis::leaks::{LeakCause, ProcessLeaks};
 use crate::events::decode::Decoded;
 use crate::log;
 use crate::output::ProcessOutput;
+use crate::output::leaks;
+use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::state::ProcessState;
 use anyhow::Result;
 use std::cmp::Reverse;

@@ -1,7 +1,7 @@
 //! One ring-buffer record at a time: Python and C stack samples wait for their call; a call
 //! record is decoded, ordered and, when its process is traced, applied to its state.
 
-use super::{Pending, Session};
+use super::{Pending, Session, clock_ns};
 use crate::events::decode::{Call, CallEvent, Decoded};
 use crate::events::{decode, pystacks, stacks};
 use crate::log;
@@ -63,7 +63,7 @@ impl Session {
                     dfd,
                     path,
                     stopped,
-                    ..
+                    ts_mono,
                 } => {
                     if let Some(r) = &mut self.stacks {
                         r.invalidate(*pid);
@@ -73,7 +73,11 @@ impl Session {
                     // Python has mapped libpython by the time it opens anything else.
                     self.configure_python(*pid, true);
                     if *stopped {
-                        log::debug(&format!("pid {pid} stopped at open of {}", path.display()));
+                        log::debug(&format!(
+                            "pid {pid} stopped at open of {} (held {:.2} ms)",
+                            path.display(),
+                            clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(*ts_mono) as f64 / 1e6
+                        ));
                         self.bpf
                             .mark_known_path(path.as_os_str().as_encoded_bytes());
                     }

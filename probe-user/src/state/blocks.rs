@@ -1,10 +1,9 @@
 //! Live blocks: allocation ids, inserting and closing blocks, frees of unknown addresses, and
 //! the out-of-memory report drawn from the live blocks.
 
-use super::{Block, BlockKind, OOM_DETAIL_INTERVAL_NS, ProcessState, TrackOptions};
+use super::{Block, BlockKind, DeviceKey, OOM_DETAIL_INTERVAL_NS, ProcessState, Row, TrackOptions};
 use crate::events::hal::PageType;
 use crate::events::pools::PoolKind;
-use crate::output::{DeviceKey, Row};
 
 impl ProcessState {
     /// An allocation failed for lack of memory (spec §6.6): the trigger row, then, at most

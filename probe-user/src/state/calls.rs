@@ -1,12 +1,12 @@
 //! What each probed call does to a process: the one dispatcher from a decoded call to state
 //! changes and output rows.
 
-use super::{BlockKind, DRV_ERROR_OUT_OF_MEMORY, ProcessState, TrackOptions};
+use super::{
+    BlockKind, DRV_ERROR_OUT_OF_MEMORY, DeviceKey, ProcessState, Row, TrackOptions, quote_text,
+};
 use crate::events::decode::{Call, CallEvent};
 use crate::events::hal::{AllocFlag, MemType, PageType};
 use crate::events::pools::{PoolKind, RegionChange};
-use crate::output::csv::quote_text;
-use crate::output::{DeviceKey, Row};
 
 impl ProcessState {
     pub(super) fn apply_call(
@@ -255,7 +255,7 @@ impl ProcessState {
                     && let Some(device) = self.mstx_device(ev.tid, opts)
                 {
                     let name =
-                        crate::events::aclnn::name(*op).unwrap_or_else(|| format!("aclnn#{op}"));
+                        crate::trace::aclnn::name(*op).unwrap_or_else(|| format!("aclnn#{op}"));
                     let mut attr =
                         format!("workspace_addr:0x{workspace:x},workspace_size:{workspace_size}");
                     if let Some(id) = self.workspace_block(*workspace) {

@@ -2,7 +2,45 @@
 
 use super::{ProcessState, TrackOptions};
 use crate::events::hal::DEVICE_CPU;
-use crate::output::DeviceKey;
+
+/// The "Device Id" of a row, and which `device_*` directory it lands in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceKey {
+    Npu(u32),
+    Cpu,
+    /// Not tied to a device (SYSTEM rows, marks on a thread that never set a device):
+    /// copied into every device file of the process.
+    NotApplicable,
+}
+
+impl DeviceKey {
+    pub fn from_id(id: u32) -> Self {
+        if id == DEVICE_CPU {
+            DeviceKey::Cpu
+        } else {
+            DeviceKey::Npu(id)
+        }
+    }
+
+    /// Directory name under the process directory.
+    pub fn dir_name(&self) -> Option<String> {
+        match self {
+            DeviceKey::Npu(n) => Some(format!("device_{n}")),
+            DeviceKey::Cpu => Some("device_cpu".to_string()),
+            DeviceKey::NotApplicable => None,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceKey::Npu(n) => write!(f, "{n}"),
+            DeviceKey::Cpu => f.write_str("cpu"),
+            DeviceKey::NotApplicable => f.write_str("N/A"),
+        }
+    }
+}
 
 impl ProcessState {
     pub(super) fn wants_device(&self, opts: &TrackOptions, device: u32) -> bool {

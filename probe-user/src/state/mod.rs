@@ -1,5 +1,15 @@
 //! Per-process memory state: live blocks, running `used` totals, steps and the current device
 //! of each thread. Turns decoded calls into output rows and keeps what the analyses need.
+//!
+//! Stage 3. The concerns are files: live blocks (`blocks`), the one dispatcher from a call to
+//! its changes (`calls`), devices and `DeviceKey` (`devices`), ATen/ATB operators (`ops`),
+//! decompose owners (`owners`), framework pool regions (`pools`), the rows and `Row` itself
+//! (`rows`: the row is defined where it is built; `output` only writes it), mstx steps
+//! (`steps`).
+//!
+//! Uses `events`, `trace` (probe ids, op names), `settings`, `digits`, and the
+//! online analyzers of `analysis` it feeds as each call is applied (decompose, inefficient,
+//! step leaks). Never `session`, `output`, `report`, `offline` or `agent` (tests/layout.rs).
 
 mod blocks;
 mod calls;
@@ -12,6 +22,8 @@ mod steps;
 #[cfg(test)]
 mod tests;
 
+pub use devices::DeviceKey;
+pub use rows::{Row, quote_text};
 pub use steps::StepFilter;
 
 use crate::analysis::decompose::Decompose;
@@ -22,7 +34,6 @@ use crate::events::hal::PageType;
 use crate::events::labels::{Labels, ThreadLabels};
 use crate::events::pools::{PoolKind, Pools};
 use crate::events::{hal, labels};
-use crate::output::Row;
 use crate::settings::{DeviceFilter, EventSet};
 use std::collections::HashMap;
 

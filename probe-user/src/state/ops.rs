@@ -1,13 +1,12 @@
 //! Operators: ATen marks and ATB calls, their accesses to pool blocks, and what they feed to
 //! the inefficient-memory analysis.
 
-use super::{ProcessState, TrackOptions};
+use super::{DeviceKey, ProcessState, Row, TrackOptions};
 use crate::analysis::inefficient;
 use crate::analysis::inefficient::MemEvent;
 use crate::events::atb::AtbOut;
 use crate::events::labels;
 use crate::events::pools::PoolKind;
-use crate::output::{DeviceKey, Row};
 
 impl ProcessState {
     /// The ATen operator protocol of msMemScope's Python collector (spec §1.7): begin and end

@@ -1,11 +1,10 @@
 //! Framework pool regions (mstx memory API): blocks registered and freed inside pools.
 
-use super::{BlockKind, ProcessState, TrackOptions};
+use super::{BlockKind, ProcessState, Row, TrackOptions};
 use crate::analysis::inefficient;
 use crate::analysis::inefficient::MemEvent;
 use crate::events::hal::PageType;
 use crate::events::pools::{PoolKind, RegionChange};
-use crate::output::Row;
 
 impl ProcessState {
     pub(super) fn pool_malloc(

@@ -1,9 +1,38 @@
 //! Building the output rows of memory events (MALLOC/FREE, pool rows) with their running
 //! `used` totals.
 
-use super::{Block, BlockKind, ProcessState, TrackOptions};
+use super::{Block, BlockKind, DeviceKey, ProcessState, TrackOptions};
 use crate::events::pools::RegionChange;
-use crate::output::{DeviceKey, Row};
+
+/// One output row; `id` is assigned by the writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub event: &'static str,
+    pub event_type: &'static str,
+    /// Already formatted (`N/A`, or a quoted MSTX message); borrowed when constant.
+    pub name: std::borrow::Cow<'static, str>,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub device: DeviceKey,
+    pub ptr: Option<u64>,
+    /// The inside of the braces, e.g. `allocation_id:1,addr:0x...`; empty for no Attr.
+    pub attr: String,
+    /// The `Call Stack(C)` text (docs/call-stacks.md), when stacks are collected.
+    pub c_stack: Option<std::sync::Arc<str>>,
+    /// The `Call Stack(Python)` text (`file(line): function` lines, `--call-stack=python`).
+    pub py_stack: Option<std::sync::Arc<str>>,
+}
+
+/// Quotes a free-text field (an MSTX message) the way msMemScope does, `"..."`, doubling any
+/// quote inside so CSV readers still split the row correctly.
+pub fn quote_text(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    format!("\"{}\"", clean.replace('"', "\"\""))
+}
 
 impl ProcessState {
     pub(super) fn pool_row(
@@ -62,7 +91,7 @@ impl ProcessState {
     ) -> Row {
         let used = self.used.get(&b.device).copied().unwrap_or(0);
         // Hot path (every MALLOC/FREE row): one allocation, no `format!` temporaries.
-        use crate::output::csv::{push_hex16, push_u64};
+        use crate::digits::{push_hex16, push_u64};
         let mut attr = Vec::with_capacity(128);
         attr.extend_from_slice(b"allocation_id:");
         push_u64(&mut attr, b.allocation_id);

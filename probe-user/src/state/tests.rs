@@ -1,7 +1,7 @@
+use super::DeviceKey;
 use super::*;
 use crate::events::decode::Call;
 use crate::events::hal::DrvMemProp;
-use crate::output::DeviceKey;
 
 fn opts() -> TrackOptions {
     TrackOptions {

@@ -7,6 +7,10 @@
 //! known vendor libraries anywhere on the target's search path (LD_LIBRARY_PATH, RUNPATH, the
 //! ld.so cache, the default and Ascend install directories). Libraries it could not predict
 //! (a dlopen of an unusual path) are caught when the target opens or maps them.
+//!
+//! Here: the planner's decisions; `attach/files.rs` finds files on the target's search path
+//! and caches parsed objects by file identity, `attach/vendor.rs` handles the op-API libraries
+//! and torch_npu.
 
 mod files;
 mod vendor;
@@ -15,7 +19,7 @@ pub use files::TargetEnv;
 pub use files::find_program;
 pub use files::script_interpreter;
 
-use crate::events::aclnn;
+use crate::trace::aclnn;
 use crate::trace::bpf::{Bpf, Scope};
 use crate::trace::probes::{Home, KNOWN_LIBRARIES, PROBES};
 use crate::trace::{placement, probes, torch_npu};
@@ -27,6 +31,7 @@ use std::fs;
 use std::os::unix::{ffi::OsStrExt, fs::MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// One object that received probes.
 #[derive(Clone, Debug)]
@@ -39,7 +44,12 @@ pub struct Planner {
     explicit: Vec<PathBuf>,
     seen_inodes: HashSet<(u64, u64)>,
     seen_paths: HashSet<PathBuf>,
-    elf_cache: HashMap<FileId, Result<Arc<ElfObject>, String>>,
+    /// DT_NEEDED names already followed: the loader opens a name once per process (later
+    /// objects needing it bind to the loaded one), so a stop need not resolve it again.
+    needed_seen: HashSet<String>,
+    /// Directories whose shared objects were all planned at a stop (`plan_siblings`).
+    planned_dirs: HashSet<PathBuf>,
+    elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
     ld_cache: Option<HashMap<String, PathBuf>>,
@@ -64,6 +74,8 @@ impl Planner {
             explicit,
             seen_inodes: HashSet::new(),
             seen_paths: HashSet::new(),
+            needed_seen: HashSet::new(),
+            planned_dirs: HashSet::new(),
             elf_cache: HashMap::new(),
             warned: HashSet::new(),
             ld_cache: None,
@@ -98,19 +110,33 @@ impl Planner {
 
     /// Launch mode: everything the program will load that we can predict, before it runs.
     pub fn plan_launch(&mut self, bpf: &mut Bpf, program: &Path, env: &TargetEnv) -> Result<()> {
+        let started = Instant::now();
         self.attach_explicit(bpf)?;
         let runpaths = self.attach_closure(bpf, program, env)?;
         self.attach_known_libraries(bpf, env, &runpaths)?;
+        self.attach_python_extensions(bpf, program, env)?;
+        self.said_how_long(started, &program.display().to_string());
         Ok(())
+    }
+
+    /// For `--log-level=debug`: what planning took, and how many objects it read so far.
+    fn said_how_long(&mut self, started: Instant, what: &str) {
+        self.debug.push(format!(
+            "planned {what} in {:.1} ms ({} objects read in all)",
+            started.elapsed().as_secs_f64() * 1e3,
+            self.elf_cache.len()
+        ));
     }
 
     /// Attach mode: what the process has mapped, plus what it may load later.
     pub fn plan_process(&mut self, bpf: &mut Bpf, pid: u32) -> Result<()> {
         self.attach_explicit(bpf)?;
         let env = TargetEnv::of_process(pid);
+        let started = Instant::now();
         let mut runpaths = Vec::new();
         self.scan_maps(bpf, pid, &mut runpaths)?;
         self.attach_known_libraries(bpf, &env, &runpaths)?;
+        self.said_how_long(started, &format!("pid {pid}"));
         Ok(())
     }
 
@@ -145,7 +171,89 @@ impl Planner {
         } else {
             PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
         };
-        self.consider(bpf, &full, path, false)
+        let first_time = !self.seen_paths.contains(&full);
+        self.consider(bpf, &full, path, false)?;
+        // The loader opens its dependencies next, and each unplanned one would stop the
+        // process again (launch mode): plan them while it is held for this one.
+        if first_time
+            && let Some(obj) = self.parse(&full)
+            && obj.needed.iter().any(|n| !self.needed_seen.contains(n))
+        {
+            self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
+        }
+        if first_time {
+            self.plan_siblings(bpf, &full, path)?;
+        }
+        Ok(())
+    }
+
+    /// A program that opens one unplanned shared object of a directory (a plugin or
+    /// extension directory) often opens its siblings next, each a stop of its own in launch
+    /// mode: the directory's shared objects are planned at the first one, when it holds at
+    /// most `MAX_SIBLINGS` (a system library directory with thousands is left alone).
+    fn plan_siblings(&mut self, bpf: &mut Bpf, full: &Path, shown: &Path) -> Result<()> {
+        const MAX_SIBLINGS: usize = 256;
+        let (Some(dir), Some(shown_dir)) = (full.parent(), shown.parent()) else {
+            return Ok(());
+        };
+        if !self.planned_dirs.insert(dir.to_path_buf()) {
+            return Ok(());
+        }
+        let Ok(entries) = fs::read_dir(dir) else {
+            return Ok(());
+        };
+        let names: Vec<std::ffi::OsString> = entries
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| memchr_so(n.as_bytes()))
+            .take(MAX_SIBLINGS + 1)
+            .collect();
+        if names.len() > MAX_SIBLINGS {
+            return Ok(());
+        }
+        for name in names {
+            self.consider(bpf, &dir.join(&name), &shown_dir.join(&name), false)?;
+        }
+        Ok(())
+    }
+
+    /// A Python interpreter imports its standard extension modules (`lib-dynload`) one by
+    /// one: planned ahead, with what they link, none of them stops the program.
+    fn attach_python_extensions(
+        &mut self,
+        bpf: &mut Bpf,
+        program: &Path,
+        env: &TargetEnv,
+    ) -> Result<()> {
+        let is_python = program
+            .file_name()
+            .is_some_and(|n| n.as_bytes().starts_with(b"python"));
+        // A venv's python is a link to the base interpreter, whose prefix holds the modules.
+        let Some(prefix) = is_python
+            .then(|| fs::canonicalize(program).ok())
+            .flatten()
+            .and_then(|real| Some(real.parent()?.parent()?.to_path_buf()))
+        else {
+            return Ok(());
+        };
+        let Ok(lib) = fs::read_dir(prefix.join("lib")) else {
+            return Ok(());
+        };
+        for version in lib.flatten() {
+            if !version.file_name().as_bytes().starts_with(b"python") {
+                continue;
+            }
+            let Ok(modules) = fs::read_dir(version.path().join("lib-dynload")) else {
+                continue;
+            };
+            for module in modules.flatten() {
+                let path = module.path();
+                if memchr_so(module.file_name().as_bytes()) {
+                    self.attach_closure(bpf, &path, env)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Looks for new file mappings of a process (libraries loaded by means we did not see).
@@ -186,15 +294,18 @@ impl Planner {
         program: &Path,
         env: &TargetEnv,
     ) -> Result<Vec<PathBuf>> {
-        self.attach_closure_shown(bpf, program, program, env)
+        self.attach_closure_shown(bpf, program, program, env, false)
     }
 
+    /// As `attach_closure`, `shown` being the path as the target names it; `only_new`
+    /// follows only DT_NEEDED names not followed before.
     fn attach_closure_shown(
         &mut self,
         bpf: &mut Bpf,
         program: &Path,
         shown: &Path,
         env: &TargetEnv,
+        only_new: bool,
     ) -> Result<Vec<PathBuf>> {
         let mut dirs = Vec::new();
         let mut queue = VecDeque::from([(program.to_path_buf(), shown.to_path_buf())]);
@@ -216,6 +327,9 @@ impl Planner {
             dirs.extend(runpath.iter().cloned());
             dirs.extend(rpath.iter().cloned());
             for needed in &obj.needed {
+                if !self.needed_seen.insert(needed.clone()) && only_new {
+                    continue;
+                }
                 if let Some(found) = self.resolve_library(needed, &rpath, env, &runpath) {
                     queue.push_back((env.host_path(&found), found));
                 }
@@ -463,12 +577,29 @@ impl Planner {
     }
 }
 
-/// The symbols the planner looks up in an object: the probed functions and their `.cold`
-/// parts (everything else in a large library's tables is skipped while parsing).
-fn probed_symbol(name: &str) -> bool {
-    static NAMES: std::sync::OnceLock<HashSet<&'static str>> = std::sync::OnceLock::new();
-    let names = NAMES.get_or_init(|| PROBES.iter().map(|p| p.symbol).collect());
-    names.contains(name.strip_suffix(".cold").unwrap_or(name)) || aclnn::is_op_function(name)
+/// The symbols the planner reads from the object at `host`: the probed functions (looked up
+/// by hash, no pass over a large library's tables), the `.cold` parts of those whose returns
+/// are seen at their return instructions, and every operator function of an op library.
+fn planner_lookup(host: &Path) -> memscope_symbols::elf::Lookup<'static> {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let mut names: Vec<&'static str> = PROBES.iter().map(|p| p.symbol).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    });
+    let op_library = host
+        .file_name()
+        .is_some_and(|n| aclnn::is_op_library(&n.to_string_lossy()));
+    memscope_symbols::elf::Lookup {
+        names,
+        scan: op_library.then_some(&aclnn::is_op_function as &dyn Fn(&str) -> bool),
+        cold_of: &|name| {
+            PROBES
+                .iter()
+                .any(|p| p.symbol == name && p.spec.flags & probe_common::spec_flags::NESTED != 0)
+        },
+    }
 }
 
 #[cfg(test)]

@@ -134,10 +134,12 @@ impl Bpf {
     /// Loads the programs; `ring_bytes` must be a power of two multiple of the page size.
     pub fn load(offsets: &TracepointOffsets, ring_bytes: u32) -> Result<(Self, RingBuf<MapData>)> {
         bump_memlock_rlimit();
-        // Parsed once for aya's loader and for the multi-uprobe copies of the programs.
-        let kernel_btf = aya::Btf::from_sys_fs().ok();
+        let started = std::time::Instant::now();
+        // `EbpfLoader::new` parses the kernel BTF for itself and cannot share it: the copy the
+        // multi-uprobe programs need is parsed meanwhile on another thread (~50-80 ms each).
+        let btf_thread = std::thread::spawn(|| aya::Btf::from_sys_fs().ok());
         let mut log_level = bpf_log_level();
-        let mut ebpf = match load_tracing(kernel_btf.as_ref(), offsets, ring_bytes, log_level) {
+        let mut ebpf = match load_tracing(offsets, ring_bytes, log_level) {
             // The BPF side's log statements are more code for the verifier: they must never
             // cost the trace.
             Err(e) if log_level != 0 => {
@@ -145,11 +147,12 @@ impl Bpf {
                     "the BPF side's log does not load here ({e:#}): going on without it"
                 ));
                 log_level = 0;
-                load_tracing(kernel_btf.as_ref(), offsets, ring_bytes, 0)?
+                load_tracing(offsets, ring_bytes, 0)?
             }
             loaded => loaded?,
         };
         // aya's copies of the uprobe programs are loaded when first needed (perf links).
+        let kernel_btf = btf_thread.join().ok().flatten();
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
         if log_level != 0 {
             // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
@@ -190,6 +193,10 @@ impl Bpf {
             process_links: Default::default(),
         };
         bpf.batching = bpf.run_flush();
+        crate::log::debug(&format!(
+            "BPF programs loaded in {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        ));
         if bpf.batching {
             crate::log::debug(&format!(
                 "calls are batched per CPU ({} CPUs)",
@@ -404,7 +411,7 @@ impl Bpf {
                     return Ok(());
                 }
                 // Gone already (or its /proc paths with it): nothing to probe.
-                Err(_) if !crate::session::process_alive(pid) => return Ok(()),
+                Err(_) if !crate::trace::target::process_alive(pid) => return Ok(()),
                 Err(e)
                     if self.links.is_empty() && self.process_links.values().all(Vec::is_empty) =>
                 {
@@ -421,7 +428,7 @@ impl Bpf {
         }
         // Perf links with a pid stay with aya's program until the end.
         match self.attach_points(prog, path, points, Scope::Process(pid)) {
-            Err(_) if !crate::session::process_alive(pid) => Ok(()),
+            Err(_) if !crate::trace::target::process_alive(pid) => Ok(()),
             other => other,
         }
     }
@@ -750,14 +757,8 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 
 /// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
 /// process-tree tracepoints.
-fn load_tracing(
-    kernel_btf: Option<&aya::Btf>,
-    offsets: &TracepointOffsets,
-    ring_bytes: u32,
-    log_level: u8,
-) -> Result<Ebpf> {
+fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> Result<Ebpf> {
     let mut ebpf = EbpfLoader::new()
-        .btf(kernel_btf)
         .override_global("TP_OFFSETS", offsets, true)
         .override_global(aya_log::LEVEL, &log_level, true)
         .map_max_entries("EVENTS", ring_bytes)

@@ -1,6 +1,13 @@
-//! Loading and attaching: which objects get which probes, where in each function, the BPF
-//! object itself, starting or finding the target.
+//! Stage 1, loading and attaching: which objects get which probes ([`attach`], the planner,
+//! with [`probes`] the probe table and [`aclnn`] the op-function registry), where in each
+//! function ([`placement`], [`torch_npu`] for the hidden allocator function), the BPF object
+//! and its links ([`bpf`], [`multi_uprobe`], [`tracefs`]), and the target itself ([`launch`],
+//! [`target`], [`watchdog`]). The only part that needs root.
+//!
+//! Uses only `log`. Nothing downstream (`events`, `state`, `session`, `analysis`, `output`,
+//! ...): the probe vocabulary flows down from here, never back (tests/layout.rs checks it).
 
+pub mod aclnn;
 pub mod attach;
 pub mod bpf;
 pub mod launch;

@@ -18,6 +18,8 @@ use anyhow::{Context, Result, bail};
 
 use super::{Bench, TAG, fmt_ns, median, result_field, spread};
 
+mod torch;
+
 const SECTION: &str = "harm";
 
 /// A tracer configuration of this section.
@@ -157,10 +159,12 @@ impl Bench {
              brackets.\n"
         )?;
         self.harm_neighbour(rounds, &mut md)?;
+        self.harm_syscall_hook(rounds, &mut md)?;
         self.harm_after_exit(rounds, &mut md)?;
         self.harm_attach_cost(target, &mut md)?;
         self.harm_startup(rounds, &mut md)?;
         self.harm_pid_attach(rounds, &mut md)?;
+        self.harm_real_torch(rounds, &mut md)?;
         self.md.push_str(&md);
         let path = self.repo.join("docs/benchmarks-harm.md");
         let mut doc =
@@ -209,10 +213,79 @@ impl Bench {
 
     /// An untraced HAL loop while another process on the same library is traced.
     fn harm_neighbour(&mut self, rounds: usize, md: &mut String) -> Result<()> {
-        let iters: u64 = if self.opts.quick { 200_000 } else { 1_000_000 };
         println!("{TAG}   neighbour loop while another process is traced");
+        let iters: u64 = if self.opts.quick {
+            1_000_000
+        } else {
+            3_000_000
+        };
+        let (reps, pin) =
+            self.untraced_loops("neighbour_traced_elsewhere", "hal", iters, rounds)?;
+        writeln!(
+            md,
+            "### An untraced process while another one is traced\n\n`bench_loop --mode hal` \
+             ({iters} `halMemAlloc`+`halMemFree` pairs, not traced) while `workload --loop-ms` \
+             on the same `libascend_hal.so` runs under the tracer (launch mode). {}\n",
+            loop_method(rounds, reps, pin)
+        )?;
+        self.untraced_loop_table(md, "neighbour_traced_elsewhere", "ns per pair", |p| {
+            p.key().to_owned()
+        })
+    }
+
+    /// What the launch-mode tracer's system-call hooks cost a process it does not trace: the
+    /// `sys_exit` raw tracepoint that holds new children of the traced tree runs on every
+    /// system call's exit on the machine (per-process links only; the system-wide design
+    /// has no such hold), the `openat` tracepoints on every `openat`.
+    fn harm_syscall_hook(&mut self, rounds: usize, md: &mut String) -> Result<()> {
+        println!("{TAG}   untraced system calls during a launch-mode trace");
+        let iters: u64 = if self.opts.quick {
+            1_000_000
+        } else {
+            3_000_000
+        };
+        let (reps, pin) =
+            self.untraced_loops("syscalls_traced_elsewhere", "syscall", iters, rounds)?;
+        writeln!(
+            md,
+            "### System calls of an untraced process during a launch-mode trace\n\n\
+             `bench_loop --mode syscall` ({iters} `getppid` system calls, not traced) while \
+             `workload --loop-ms` runs under the tracer in launch mode. With per-process \
+             links the tracer adds a `sys_exit` raw tracepoint (it holds each new process of \
+             the traced tree at its first return to user space until its probes exist); the \
+             system-wide configuration runs without it. Both have the `openat` tracepoints. {}\n",
+            loop_method(rounds, reps, pin)
+        )?;
+        self.untraced_loop_table(
+            md,
+            "syscalls_traced_elsewhere",
+            "ns per system call",
+            |p| match p {
+                Probes::None => p.key().to_owned(),
+                Probes::Scoped => format!("{} (`sys_exit` hook on)", p.key()),
+                Probes::SystemPerf => format!("{} (no `sys_exit` hook)", p.key()),
+            },
+        )
+    }
+
+    /// Rounds of an untraced `bench_loop --mode MODE` beside a traced `workload` in each
+    /// configuration, the configurations' order rotating from round to round; `reps` loops
+    /// per configuration and round, whose median is the round's figure. Returns (reps, pinned).
+    fn untraced_loops(
+        &mut self,
+        workload: &str,
+        mode: &str,
+        iters: u64,
+        rounds: usize,
+    ) -> Result<(usize, bool)> {
+        let reps = if self.opts.quick { 3 } else { 5 };
+        // The untraced loop keeps one CPU, the traced workload the other, when there are two:
+        // no migrations between the loop's timer reads.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pin = cpus >= 2 && Path::new("/usr/bin/taskset").exists();
         for round in 0..rounds {
-            for probes in ALL {
+            for k in 0..ALL.len() {
+                let probes = ALL[(round + k) % ALL.len()];
                 let dir = self.scratch.join("harm-neighbour");
                 let _ = fs::remove_dir_all(&dir);
                 fs::create_dir_all(&dir)?;
@@ -222,9 +295,11 @@ impl Bench {
                     None
                 } else {
                     let mut c = self.tracer(probes, &dir.join("out"));
-                    c.env("MEMSCOPE_BPF_DETACH", "foreground")
-                        .arg("--")
-                        .arg(self.bin.join("workload"))
+                    c.env("MEMSCOPE_BPF_DETACH", "foreground").arg("--");
+                    if pin {
+                        c.args(["/usr/bin/taskset", "-c", "0"]);
+                    }
+                    c.arg(self.bin.join("workload"))
                         .args(["--loop-ms", "600000", "--stop-file"])
                         .arg(&stop)
                         .arg("--log")
@@ -233,56 +308,61 @@ impl Bench {
                     wait_for_file_text(&log, "FREE", 60)?;
                     Some(t)
                 };
-                let out = self.exec(self.bench_loop(iters, None))?;
+                let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let mut c = if pin {
+                        let mut c = Command::new("/usr/bin/taskset");
+                        c.args(["-c", "1"]).arg(self.bin.join("bench_loop"));
+                        c
+                    } else {
+                        Command::new(self.bin.join("bench_loop"))
+                    };
+                    c.args(["--mode", mode, "--iters", &iters.to_string()]);
+                    let out = self.exec(c)?;
+                    // A HAL iteration is two calls (a pair); a system call is one.
+                    let per = if mode == "hal" { 2.0 } else { 1.0 };
+                    cpu.push(
+                        result_field(&out.stdout, "cpu_ns_per_call").unwrap_or(f64::NAN) * per,
+                    );
+                    wall.push(result_field(&out.stdout, "ns_per_call").unwrap_or(f64::NAN) * per);
+                }
                 fs::write(&stop, b"")?;
                 if let Some(t) = tracer {
                     t.finish().context("tracer")?;
                 }
-                let ns = result_field(&out.stdout, "ns_per_call").unwrap_or(f64::NAN) * 2.0;
-                self.sample(
-                    SECTION,
-                    "neighbour_traced_elsewhere",
-                    probes.key(),
-                    round,
-                    "ns_per_pair",
-                    ns,
-                );
+                let key = probes.key();
+                self.sample(SECTION, workload, key, round, "cpu_ns", median(&cpu));
+                self.sample(SECTION, workload, key, round, "wall_ns", median(&wall));
             }
         }
+        Ok((reps, pin))
+    }
+
+    fn untraced_loop_table(
+        &self,
+        md: &mut String,
+        workload: &str,
+        unit: &str,
+        label: impl Fn(Probes) -> String,
+    ) -> Result<()> {
         writeln!(
             md,
-            "### An untraced process while another one is traced\n\n`bench_loop --mode hal` \
-             ({iters} `halMemAlloc`+`halMemFree` pairs, not traced) while `workload --loop-ms` \
-             on the same `libascend_hal.so` runs under the tracer (launch mode). ns per pair.\n"
+            "| configuration | CPU {unit} | vs no tracer | wall {unit} | vs no tracer |\n\
+             |---|---:|---:|---:|---:|"
         )?;
-        writeln!(
-            md,
-            "| configuration | ns per pair | vs no tracer |\n|---|---:|---:|"
-        )?;
-        let base = median(&self.values(
-            SECTION,
-            "neighbour_traced_elsewhere",
-            Probes::None.key(),
-            "ns_per_pair",
-        ));
+        let base =
+            |metric: &str| median(&self.values(SECTION, workload, Probes::None.key(), metric));
+        let (base_cpu, base_wall) = (base("cpu_ns"), base("wall_ns"));
         for probes in ALL {
-            let v = median(&self.values(
-                SECTION,
-                "neighbour_traced_elsewhere",
-                probes.key(),
-                "ns_per_pair",
-            ));
+            let v = |metric: &str| median(&self.values(SECTION, workload, probes.key(), metric));
             writeln!(
                 md,
-                "| {} | {} | {:.2}× |",
-                probes.key(),
-                self.cell(
-                    "neighbour_traced_elsewhere",
-                    probes.key(),
-                    "ns_per_pair",
-                    fmt_ns
-                ),
-                v / base
+                "| {} | {} | {:.2}× | {} | {:.2}× |",
+                label(probes),
+                self.cell(workload, probes.key(), "cpu_ns", fmt_ns),
+                v("cpu_ns") / base_cpu,
+                self.cell(workload, probes.key(), "wall_ns", fmt_ns),
+                v("wall_ns") / base_wall,
             )?;
         }
         writeln!(md)?;
@@ -479,33 +559,41 @@ impl Bench {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         dsos.sort();
+        // Tens of milliseconds that other processes' bursts swing by as much: several runs
+        // per configuration and round, their median; the order rotates from round to round.
+        let reps = if self.opts.quick { 3 } else { 5 };
         for round in 0..rounds {
-            for probes in ALL {
-                let out_dir = self.scratch.join("harm-startup");
-                let _ = fs::remove_dir_all(&out_dir);
-                let mut c = if probes == Probes::None {
-                    Command::new(self.bin.join("bench_dlopen"))
-                } else {
-                    let mut c = self.tracer(probes, &out_dir);
-                    c.env("MEMSCOPE_BPF_DETACH", "foreground")
-                        .arg("--")
-                        .arg(self.bin.join("bench_dlopen"));
-                    c
-                };
-                c.args(&dsos);
-                let started = Instant::now();
-                let out = self.exec(c)?;
-                let wall = started.elapsed().as_secs_f64() * 1e3;
-                let own = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e6;
+            for k in 0..ALL.len() {
+                let probes = ALL[(round + k) % ALL.len()];
+                let (mut own, mut wall) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let out_dir = self.scratch.join("harm-startup");
+                    let _ = fs::remove_dir_all(&out_dir);
+                    let mut c = if probes == Probes::None {
+                        Command::new(self.bin.join("bench_dlopen"))
+                    } else {
+                        let mut c = self.tracer(probes, &out_dir);
+                        c.env("MEMSCOPE_BPF_DETACH", "foreground")
+                            .arg("--")
+                            .arg(self.bin.join("bench_dlopen"));
+                        c
+                    };
+                    c.args(&dsos);
+                    let started = Instant::now();
+                    let out = self.exec(c)?;
+                    wall.push(started.elapsed().as_secs_f64() * 1e3);
+                    own.push(result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e6);
+                }
+                let key = probes.key();
                 self.sample(
                     SECTION,
                     "dlopen_200",
-                    probes.key(),
+                    key,
                     round,
                     "program_ms",
-                    own,
+                    median(&own),
                 );
-                self.sample(SECTION, "dlopen_200", probes.key(), round, "wall_ms", wall);
+                self.sample(SECTION, "dlopen_200", key, round, "wall_ms", median(&wall));
             }
         }
         writeln!(
@@ -514,7 +602,8 @@ impl Bench {
              `bench_dlopen` dlopens 200 small libraries by path (none holds a probed function; \
              none was planned, so each open is an unplanned shared object). *program*: its \
              own time from `main` to the last `dlopen`; *wall*: the whole command, tracer \
-             start-up (BPF load) and exit included.\n"
+             start-up (BPF load) and exit included. {rounds} rounds, the order rotating; in \
+             each, the median of {reps} runs per configuration.\n"
         )?;
         writeln!(
             md,
@@ -619,6 +708,22 @@ impl Bench {
         writeln!(md)?;
         Ok(())
     }
+}
+
+/// How the untraced-loop tables were measured.
+fn loop_method(rounds: usize, reps: usize, pinned: bool) -> String {
+    format!(
+        "{rounds} rounds, the configurations' order rotating; in each, {reps} loops per \
+         configuration and their median. *CPU*: the loop's own CPU time per iteration \
+         (`CLOCK_PROCESS_CPUTIME_ID`: a trap and its BPF program count, time the CPU spent on \
+         other processes of this shared machine does not); *wall*: its wall time. Median over \
+         rounds, min–max in brackets.{}",
+        if pinned {
+            " The untraced loop runs on CPU 1, the traced workload on CPU 0 (`taskset`)."
+        } else {
+            ""
+        }
+    )
 }
 
 fn wait_for_file_text(path: &Path, needle: &str, secs: u64) -> Result<()> {

@@ -2,7 +2,7 @@
 //! (bounded), so a failing disk loses whole rows, never half of one.
 
 use super::CSV_HEADER;
-use super::format::Row;
+use crate::state::Row;
 use std::fs::File;
 
 /// Bytes of formatted rows kept before they are written to the file.

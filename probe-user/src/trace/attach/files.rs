@@ -2,7 +2,7 @@
 //! `$ORIGIN`, the ld.so cache, default and Ascend directories), file identity, and the
 //! planner's cache of parsed ELF objects keyed by it.
 
-use super::{Planner, probed_symbol};
+use super::{Planner, planner_lookup};
 use anyhow::Result;
 use memscope_symbols::ElfObject;
 use std::collections::HashMap;
@@ -127,14 +127,16 @@ impl Planner {
     pub(super) fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
         let meta =
             fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
-        let id = FileId::of(&meta);
-        if let Some(c) = self.elf_cache.get(&id) {
+        let lookup = planner_lookup(host);
+        // An op library's parse holds its operator functions too.
+        let key = (FileId::of(&meta), lookup.scan.is_some());
+        if let Some(c) = self.elf_cache.get(&key) {
             return c.clone();
         }
-        let parsed = ElfObject::open_filtered(host, &probed_symbol)
+        let parsed = ElfObject::open_lookup(host, &lookup)
             .map(Arc::new)
             .map_err(|e| format!("{e:#}"));
-        self.elf_cache.insert(id, parsed.clone());
+        self.elf_cache.insert(key, parsed.clone());
         parsed
     }
 }

@@ -3,7 +3,7 @@
 
 use super::Planner;
 use super::files::FileId;
-use crate::events::aclnn;
+use crate::trace::aclnn;
 use crate::trace::bpf::Bpf;
 use crate::trace::probes::{PROBES, ProbeId};
 use crate::trace::torch_npu;
