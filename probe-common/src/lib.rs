@@ -165,8 +165,22 @@ pub struct PyFrameRecord {
     /// The instruction being executed (`prev_instr`, `instr_ptr` from 3.13 on).
     pub instr: u64,
     /// Bits 0..8: the frame's `owner`; bit 8: `is_entry` (3.11: the first frame run by its
-    /// `_PyEval_EvalFrameDefault` call).
+    /// `_PyEval_EvalFrameDefault` call); bit 9 ([`PY_FRAME_HAS_IDS`]): bits 32..64 hold
+    /// [`py_code_ids`] of the code object as it was at the call.
     pub meta: u64,
+}
+
+/// [`PyFrameRecord::meta`]: the code object's identity was read (bits 32..64).
+pub const PY_FRAME_HAS_IDS: u64 = 1 << 9;
+
+/// A code object's identity (32 bits) from its `co_filename`, `co_name`, `co_qualname` and
+/// `co_linetable` pointers: user space compares it with the code object it reads later, so
+/// that one freed and replaced by another code object at the same address in between is never
+/// shown under the other one's name or lines.
+pub const fn py_code_ids(words: [u64; 4]) -> u64 {
+    let x =
+        words[0] ^ words[1].rotate_left(16) ^ words[2].rotate_left(32) ^ words[3].rotate_left(48);
+    (x ^ (x >> 32)) & 0xffff_ffff
 }
 
 /// A Python stack sample; only the first `PY_STACK_HEADER + nframes * 24` bytes are sent.
@@ -215,7 +229,9 @@ pub struct PyProcess {
     pub frame_owner: u32,
     /// `is_entry` (3.11 only, else [`PY_NO_OFFSET`]).
     pub frame_is_entry: u32,
-    pub _pad: u32,
+    /// `PyCodeObject.co_filename` when `co_name`, `co_qualname` and `co_linetable` follow it:
+    /// BPF reads the four at each frame ([`py_code_ids`]); [`PY_NO_OFFSET`] for none.
+    pub code_ids: u32,
 }
 
 /// Chunks a `BATCH` probe emits at most per call (more elements are counted as dropped).

@@ -13,6 +13,10 @@
 //!   whether a call gets them (the node agent samples allocations by bytes).
 //! * `maps` (what every concern shares) and `emit` (records to user space).
 //!
+//! Every module may use `maps` and `emit`; the program modules (`calls`, `process`,
+//! `discovery`) use the helpers (`capture`, `batch`, `stacks`, which calls `python`), never
+//! each other; `batch` reads the pending-call slot `calls` hands it.
+//!
 //! Every event is filtered on `TRACED` first, so other processes calling the same library pay
 //! only the uprobe trap, a task-storage miss and one hash lookup. A thread that already has a
 //! pending-call stack remembers that its process is traced until user space removes any

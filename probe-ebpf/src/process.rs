@@ -1,7 +1,9 @@
 //! The process tree: `task_newtask`, `process_exec` and `process_exit` keep `TRACED` equal
 //! to the tree being watched and tell user space of forks, execs and exits; in launch mode
 //! a new child is held (`CHILD_STOPS`) and stopped by `child_start` on its way to user space
-//! until its probes are attached.
+//! until its probes are attached. Each of these says what it saw in the tracer's
+//! `--log-level=debug` (aya-log; the level is a load-time constant, so with logging off the
+//! verifier drops those branches).
 
 use aya_ebpf::{
     EbpfContext,
@@ -10,6 +12,7 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::{RawTracePointContext, TracePointContext},
 };
+use aya_log_ebpf::debug;
 use probe_common::{CLONE_THREAD, counter, event_flags, kind};
 
 use crate::{
@@ -40,6 +43,7 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     if TRACED.insert(&(child as u32), &tgid, 0).is_err() {
         bump(counter::TRACED_FULL);
     }
+    debug!(ctx, "traced process {} forked {}", tgid, child as u32);
     if hold_new_child(child as u32, tgid, clone_flags) {
         return None;
     }
@@ -146,7 +150,9 @@ fn try_process_exec(ctx: &TracePointContext) -> Option<()> {
         Err(_) => ev.flags |= event_flags::DATA_FAULT,
     }
     // The new program has not run an instruction yet: hold it until its libraries have probes.
-    emit_stopping(ev, offsets().stop_on_discovery != 0);
+    let stop = offsets().stop_on_discovery != 0;
+    debug!(ctx, "traced process {} exec, held: {}", tgid, stop as u8);
+    emit_stopping(ev, stop);
     Some(())
 }
 
@@ -174,6 +180,7 @@ fn try_process_exit(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let _ = TRACED.remove(&tgid);
+    debug!(ctx, "traced process {} exited", tgid);
     let ev = scratch(kind::EXIT, tgid, tid)?;
     emit(ev);
     Some(())

@@ -1,9 +1,10 @@
 //! Python stacks (`--call-stack=python`): at a traced call of a process that runs CPython,
 //! find the calling thread's `PyThreadState` (the interpreters' thread lists, matched by
-//! `native_thread_id`, cached per thread) and send its `_PyInterpreterFrame` chain: each
-//! frame's code object and instruction pointer. User space reads the code objects and line
-//! tables. The thread is inside the probe, so its own chain cannot change while it is read;
-//! a failed read or a chain that loops is still flagged, never followed further.
+//! `native_thread_id`, cached per thread while one interpreter runs) and send its
+//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. User space
+//! reads the code objects and line tables. The thread is inside the probe, so its own chain
+//! cannot change while it is read; a failed read or a chain that loops is still flagged, never
+//! followed further.
 
 use core::ffi::c_void;
 
@@ -13,8 +14,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use probe_common::{
-    PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord,
-    PyProcess, PyStackEvent, counter, py_flags,
+    PY_FRAME_HAS_IDS, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND,
+    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_ids, py_flags,
 };
 
 use crate::{
@@ -121,23 +122,35 @@ fn output(ev: &PyStackEvent, frames: usize) {
 
 /// The thread's `PyThreadState`: the cached one if it still names this thread, else a walk of
 /// every interpreter's thread list. 0 when the thread has none.
+///
+/// With sub-interpreters a thread has one thread state per interpreter it has run code in,
+/// all with its `native_thread_id` (3.12 keeps the one `_xxsubinterpreters` made at `create`
+/// until `destroy`; 3.13 makes one per `exec`), so while several interpreters are alive the
+/// cache is not used and the candidates are compared: the one running Python code the most
+/// recently entered (see [`ThreadFind::consider`]).
 #[inline(always)]
 fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
-    if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
-        let t = *t;
-        if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64) {
-            return t;
-        }
-    }
     let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
         return 0;
     };
+    let several = interp != 0 && read_u64(interp + p.interp_next as u64).unwrap_or(0) != 0;
+    if !several {
+        if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
+            let t = *t;
+            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64) {
+                return t;
+            }
+        }
+    }
     let mut find = ThreadFind {
         p: *p,
         interp,
         tstate: 0,
         tid: tid as u64,
         found: 0,
+        several: several as u64,
+        best: 0,
+        best_anchor: u64::MAX,
     };
     unsafe {
         bpf_loop(
@@ -147,6 +160,14 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
             0,
         )
     };
+    if several {
+        // Nothing runs: the first thread state of the thread, whose marker says so.
+        return if find.best != 0 {
+            find.best
+        } else {
+            find.found
+        };
+    }
     if find.found != 0 {
         let _ = PY_THREADS.insert(&tid, &find.found, 0);
     }
@@ -161,7 +182,47 @@ struct ThreadFind {
     /// The thread state to look at next (0: take the next interpreter's list).
     tstate: u64,
     tid: u64,
+    /// The first thread state of the thread.
     found: u64,
+    /// Several interpreters: look at every thread state of the thread (else stop at the first).
+    several: u64,
+    /// The chosen one so far and its anchor (see [`ThreadFind::consider`]).
+    best: u64,
+    best_anchor: u64,
+}
+
+impl ThreadFind {
+    /// Weighs a thread state of the thread among others. A state with no current frame
+    /// runs nothing. 3.11 and 3.12: `cframe` points into the C stack of the innermost
+    /// interpreter loop running that state's code, so the lowest one (the stack grows down)
+    /// is the state entered last: a sub-interpreter's, below the main interpreter's loop that
+    /// called it. 3.13 has no such pointer; its thread states are made per `exec` and put at
+    /// the head of their interpreter, newer interpreters first: the first one with frames.
+    #[inline(always)]
+    fn consider(&mut self, tstate: u64) {
+        let Some(frame) = read_u64(tstate + self.p.tstate_frame as u64) else {
+            return;
+        };
+        if frame == 0 {
+            return;
+        }
+        let anchor = if self.p.cframe_current_frame == PY_NO_OFFSET {
+            // 3.13: the order of the walk decides.
+            if self.best != 0 {
+                return;
+            }
+            0
+        } else {
+            match read_u64(frame + self.p.cframe_current_frame as u64) {
+                Some(current) if current != 0 => frame,
+                _ => return,
+            }
+        };
+        if self.best == 0 || anchor < self.best_anchor {
+            self.best = tstate;
+            self.best_anchor = anchor;
+        }
+    }
 }
 
 #[inline(never)]
@@ -176,8 +237,14 @@ extern "C" fn find_step(_index: u32, ctx: *mut c_void) -> i64 {
         return 0;
     }
     if read_u64(f.tstate + f.p.tstate_native_thread_id as u64) == Some(f.tid) {
-        f.found = f.tstate;
-        return 1;
+        if f.found == 0 {
+            f.found = f.tstate;
+        }
+        if f.several == 0 {
+            return 1;
+        }
+        let t = f.tstate;
+        f.consider(t);
     }
     f.tstate = read_u64(f.tstate + f.p.tstate_next as u64).unwrap_or(0);
     0
@@ -238,8 +305,16 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if w.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, w.p.frame_is_entry) != 0 {
         meta |= 1 << 8;
     }
+    let code = field_u64(buf, w.p.frame_code);
+    // The code object's identity now: it may be freed before user space reads it.
+    if w.p.code_ids != PY_NO_OFFSET && code != 0 {
+        let at = code.wrapping_add(w.p.code_ids as u64);
+        if let Ok(words) = unsafe { bpf_probe_read_user(at as *const [u64; 4]) } {
+            meta |= PY_FRAME_HAS_IDS | (py_code_ids(words) << 32);
+        }
+    }
     let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
-    slot.code = field_u64(buf, w.p.frame_code);
+    slot.code = code;
     slot.instr = field_u64(buf, w.p.frame_instr);
     slot.meta = meta;
     w.n += 1;

@@ -148,42 +148,47 @@ fn python_stacks_match_the_programs_own_tracebacks() {
     }
     let _serial = serial();
     for (version, python) in interpreters() {
-        let dir = scratch(&format!("python_stacks_{version}"));
-        let log = dir.join("gt.log");
-        let out_dir = dir.join("out");
-        let out = run_tracer(&[
-            "-o",
-            out_dir.to_str().unwrap(),
-            "--call-stack=python",
-            "--",
-            python.to_str().unwrap(),
-            script().to_str().unwrap(),
-            "--lib-dir",
-            fixtures().join("lib").to_str().unwrap(),
-            "--log",
-            log.to_str().unwrap(),
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{version}: {stderr}");
-        let text = std::fs::read_to_string(&log).unwrap();
-        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
-        let logged = logged_stacks(&text);
-        // The recursion, generator, coroutine, method and thread are all there.
-        let all: String = logged.values().cloned().collect();
-        for needle in [
-            "): recurse\n",
-            "): generate\n",
-            "): inner_coro\n",
-            "): outer_coro\n",
-            "): grab\n",
-            "): release\n",
-            "): in_thread\n",
-        ] {
-            assert!(all.contains(needle), "{version}: no {needle:?} in the log");
-        }
-        assert_same_stacks(&version, &traced_stacks(&out_dir, pid), &logged);
-        eprintln!("python {version} ({}): stacks match", python.display());
+        check_launch_mode(&version, &python, &format!("python_stacks_{version}"));
     }
+}
+
+/// Launch mode: py_stacks.py under `--call-stack=python`, every row's stack against the log.
+fn check_launch_mode(version: &str, python: &std::path::Path, scratch_name: &str) {
+    let dir = scratch(scratch_name);
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let out = run_tracer(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        python.to_str().unwrap(),
+        script().to_str().unwrap(),
+        "--lib-dir",
+        fixtures().join("lib").to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{version}: {stderr}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+    let logged = logged_stacks(&text);
+    // The recursion, generator, coroutine, method and thread are all there.
+    let all: String = logged.values().cloned().collect();
+    for needle in [
+        "): recurse\n",
+        "): generate\n",
+        "): inner_coro\n",
+        "): outer_coro\n",
+        "): grab\n",
+        "): release\n",
+        "): in_thread\n",
+    ] {
+        assert!(all.contains(needle), "{version}: no {needle:?} in the log");
+    }
+    assert_same_stacks(version, &traced_stacks(&out_dir, pid), &logged);
+    eprintln!("python {version} ({}): stacks match", python.display());
 }
 
 /// py-spy from PATH, or beside the interpreter pip put it with.
@@ -202,12 +207,18 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     }
     let _serial = serial();
     let (_, python) = interpreters().remove(0);
-    let dir = scratch("python_stacks_attach");
+    check_attach_mode(&python, "python_stacks_attach");
+}
+
+/// `--pid` mode: py_stacks.py started on its own, the tracer attached before its first HAL
+/// call; every row's stack against the log, and py-spy's dump of the paused allocation.
+fn check_attach_mode(python: &std::path::Path, scratch_name: &str) {
+    let dir = scratch(scratch_name);
     let log = dir.join("gt.log");
     let go = dir.join("go");
     let resume = dir.join("resume");
     let out_dir = dir.join("out");
-    let mut target = Command::new(&python)
+    let mut target = Command::new(python)
         .args([
             script().to_str().unwrap(),
             "--lib-dir",
@@ -239,7 +250,7 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     let paused_tid = log_lines(&text, "PAUSED")[0]["tid"].to_string();
 
     // py-spy stops the target (ptrace) and reads its frames itself.
-    let dump = Command::new(py_spy(&python))
+    let dump = Command::new(py_spy(python))
         .args(["dump", "--json", "--pid", &pid.to_string()])
         .output()
         .expect("run py-spy (cargo xtask setup installs it)");
@@ -257,7 +268,11 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
     let text = std::fs::read_to_string(&log).unwrap();
     let logged = logged_stacks(&text);
     let traced = traced_stacks(&out_dir, pid);
-    assert_same_stacks("attach mode", &traced, &logged);
+    assert_same_stacks(
+        &format!("attach mode, {}", python.display()),
+        &traced,
+        &logged,
+    );
 
     // py-spy's view of the paused thread: wait_for <- pause <- paused_alloc (the HAL call's
     // line) <- ...; below `pause` it must be our row's stack.
@@ -280,6 +295,209 @@ fn python_stacks_in_attach_mode_agree_with_py_spy() {
         frames_text(&spy[2..]),
         "py-spy vs tracer"
     );
+}
+
+/// A python whose interpreter is linked into the executable (Debian's /usr/bin/python3: no
+/// libpython is mapped), where `_PyRuntime` is found in the binary's own symbols.
+fn static_python() -> Option<(String, PathBuf)> {
+    let mut candidates: Vec<PathBuf> = vec!["/usr/bin/python3".into()];
+    candidates.extend((11..=13).map(|m| PathBuf::from(format!("/usr/bin/python3.{m}"))));
+    candidates.into_iter().find_map(|p| {
+        // The interpreter's own view: its version, and whether any libpython is mapped.
+        let out = Command::new(&p)
+            .args([
+                "-c",
+                "import ctypes, sys; print('%d.%d' % sys.version_info[:2], \
+                 'libpython' in open('/proc/self/maps').read())",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (version, shared) = text.trim().split_once(' ')?;
+        let known = ["3.11", "3.12", "3.13"].contains(&version);
+        (out.status.success() && known && shared == "False").then(|| (version.to_string(), p))
+    })
+}
+
+#[test]
+fn a_statically_linked_python_has_the_same_stacks_in_both_modes() {
+    let test = "a_statically_linked_python_has_the_same_stacks_in_both_modes";
+    if !require_root(test) {
+        return;
+    }
+    let Some((version, python)) = static_python() else {
+        eprintln!("SKIPPED {test}: no statically linked python3.11-3.13 in /usr/bin");
+        println!("SKIPPED {test}: no static python");
+        return;
+    };
+    let _serial = serial();
+    check_launch_mode(&version, &python, "python_stacks_static");
+    check_attach_mode(&python, "python_stacks_static_attach");
+}
+
+/// (event, address, stack) of the program's HAL calls in its log's order.
+fn logged_calls(log: &str) -> Vec<(String, u64, String)> {
+    log.lines()
+        .filter_map(|line| {
+            let event = match line.split(' ').next() {
+                Some("ALLOC") => "MALLOC",
+                Some("FREE") => "FREE",
+                _ => return None,
+            };
+            let stack = line.split_once(" stack=").expect("stack field").1;
+            Some((
+                event.to_string(),
+                hex(log_fields(line)["addr"]),
+                frames_text(&parse_frames(stack)),
+            ))
+        })
+        .collect()
+}
+
+/// Calls made inside sub-interpreters (tests/fixtures/python/py_subinterp.py): on the main
+/// thread, which also has a thread state in the main interpreter (suspended in the call that
+/// runs the sub-interpreter, and used again after it while the sub-interpreter lives on), and
+/// on a second thread. Each row's Python stack is the sub-interpreter's own frames, as the
+/// program logged them, and the main interpreter's calls keep theirs; launch mode, 3.11
+/// (`_xxsubinterpreters`), 3.12 and 3.13 (`_interpreters`).
+#[test]
+fn calls_in_sub_interpreters_have_the_sub_interpreters_frames() {
+    if !require_root("calls_in_sub_interpreters_have_the_sub_interpreters_frames") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_subinterp_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=python",
+            "--",
+            python.to_str().unwrap(),
+            repo_root()
+                .join("tests/fixtures/python/py_subinterp.py")
+                .to_str()
+                .unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        // The program did what it says: calls in two sub-interpreters, on two threads, and in
+        // the main interpreter on the main thread after its sub-interpreter ran.
+        let calls = log_lines(&text, "ALLOC")
+            .into_iter()
+            .chain(log_lines(&text, "FREE"))
+            .map(|f| (f["interp"].to_string(), f["tid"].to_string()))
+            .collect::<std::collections::BTreeSet<_>>();
+        let main_tid = pid.to_string();
+        assert!(
+            calls.contains(&("0".into(), main_tid.clone())),
+            "{version}: {text}"
+        );
+        let subs: Vec<_> = calls.iter().filter(|(i, _)| i != "0").collect();
+        assert_eq!(subs.len(), 2, "{version}: {calls:?}");
+        assert!(
+            subs.iter().any(|(_, t)| *t == main_tid) && subs.iter().any(|(_, t)| *t != main_tid)
+        );
+
+        let logged = logged_calls(&text);
+        assert_eq!(logged.len(), 12, "{version}: {text}");
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
+            .into_iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
+            .collect();
+        assert_eq!(traced, logged, "{version}: Python stacks, in order");
+        eprintln!("python {version}: sub-interpreter stacks match");
+    }
+}
+
+/// py_subinterp.py `--let-code-go`: the `run_string` code and each sub-interpreter's code are
+/// freed right after its last call, before the tracer reads them, and the allocator hands their
+/// memory to new code objects. A frame is then the program's own frame, or says that its code
+/// object is gone, or (a code object whose memory still reads as it was, with its line table
+/// already reused) has the program's file and function with the line unknown
+/// (docs/call-stacks.md): never another code object's name or another line. The main
+/// interpreter's frames (alive all along) are exact.
+#[test]
+fn freed_code_objects_are_marked_never_named_after_their_successors() {
+    if !require_root("freed_code_objects_are_marked_never_named_after_their_successors") {
+        return;
+    }
+    let _serial = serial();
+    for (version, python) in interpreters() {
+        let dir = scratch(&format!("python_stacks_freed_{version}"));
+        let log = dir.join("gt.log");
+        let out_dir = dir.join("out");
+        let out = run_tracer(&[
+            "-o",
+            out_dir.to_str().unwrap(),
+            "--call-stack=python",
+            "--",
+            python.to_str().unwrap(),
+            repo_root()
+                .join("tests/fixtures/python/py_subinterp.py")
+                .to_str()
+                .unwrap(),
+            "--lib-dir",
+            fixtures().join("lib").to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+            "--let-code-go",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{version}: {stderr}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let logged = logged_calls(&text);
+        let in_main: Vec<bool> = text
+            .lines()
+            .filter(|l| l.starts_with("ALLOC ") || l.starts_with("FREE "))
+            .map(|l| log_fields(l)["interp"] == "0")
+            .collect();
+        let pdir = process_dir(&out_dir, pid).expect("process directory");
+        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
+            .into_iter()
+            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
+            .collect();
+        assert_eq!(traced.len(), logged.len(), "{version}: rows");
+        let mut gone = 0;
+        for ((t, l), main) in traced.iter().zip(&logged).zip(&in_main) {
+            let what = format!("{version}: {} {:#x}", l.0, l.1);
+            assert_eq!((&t.0, t.1), (&l.0, l.1), "{what}: row order");
+            if *main {
+                assert_eq!(t.2, l.2, "{what}: main interpreter");
+                continue;
+            }
+            let (got, want): (Vec<&str>, Vec<&str>) =
+                (t.2.lines().collect(), l.2.lines().collect());
+            assert_eq!(got.len(), want.len(), "{what}:\n{}\nlogged:\n{}", t.2, l.2);
+            for (g, w) in got.iter().zip(&want) {
+                if *g != *w {
+                    let (file, rest) = w.split_once('(').unwrap();
+                    let function = rest.split_once("): ").unwrap().1;
+                    assert!(
+                        *g == "[python: code object unreadable]"
+                            || *g == format!("{file}(?): {function}"),
+                        "{what}: {g:?}, logged {w:?}"
+                    );
+                    gone += 1;
+                }
+            }
+        }
+        eprintln!("python {version}: {gone} frames of freed code objects marked, the rest exact");
+    }
 }
 
 /// (file, line, function) of one thread in `py-spy dump --json` output, innermost first.

@@ -49,7 +49,8 @@ use anyhow::Result;
 use layouts::{DEBUG_OFFSETS_WORDS, FRAME_OWNED_BY_CSTACK};
 use memory::read_at;
 use probe_common::{
-    PY_MAX_FRAMES, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord, PyProcess, PyStackEvent, py_flags,
+    PY_FRAME_HAS_IDS, PY_MAX_FRAMES, PY_STACK_HEADER, PYSTACK_KIND, PyFrameRecord, PyProcess,
+    PyStackEvent, py_flags,
 };
 use std::collections::HashMap;
 use std::fs::File;
@@ -183,6 +184,7 @@ impl PyStacks {
         };
         let mut walk = layout.walk;
         walk.runtime = interp.runtime;
+        walk.code_ids = layout.code.ids_offset();
         self.procs.insert(
             pid,
             ProcState::Python(Box::new(PyProc {
@@ -266,7 +268,8 @@ impl PyStacks {
                 out.end = Some(TRUNCATED);
                 return out;
             }
-            let frame = match p.code(f.code) {
+            let ids = (f.meta & PY_FRAME_HAS_IDS != 0).then_some(f.meta >> 32);
+            let frame = match p.code(f.code, ids) {
                 Some(c) => PyFrame::Code {
                     file: c.file.clone(),
                     line: c.info.line_at(f.instr),

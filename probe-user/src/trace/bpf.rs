@@ -138,32 +138,26 @@ impl Bpf {
         // `EbpfLoader::new` parses the kernel BTF for itself and cannot share it: the copy the
         // multi-uprobe programs need is parsed meanwhile on another thread (~50-80 ms each).
         let btf_thread = std::thread::spawn(|| aya::Btf::from_sys_fs().ok());
-        let mut ebpf = EbpfLoader::new()
-            .override_global("TP_OFFSETS", offsets, true)
-            .map_max_entries("EVENTS", ring_bytes)
-            // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
-            // only the BPF side uses it.
-            .allow_unsupported_maps()
-            .load(BPF_OBJECT)
-            .context(
-                "loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)",
-            )?;
-        for (prog, category, name) in [
-            ("task_newtask", "task", "task_newtask"),
-            ("process_exec", "sched", "sched_process_exec"),
-            ("process_exit", "sched", "sched_process_exit"),
-            ("enter_openat", "syscalls", "sys_enter_openat"),
-            ("exit_openat", "syscalls", "sys_exit_openat"),
-        ] {
-            let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
-            tp.load()
-                .with_context(|| format!("verifier rejected {prog}"))?;
-            tp.attach(category, name)
-                .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
-        }
+        let mut log_level = bpf_log_level();
+        let mut ebpf = match load_tracing(offsets, ring_bytes, log_level) {
+            // The BPF side's log statements are more code for the verifier: they must never
+            // cost the trace.
+            Err(e) if log_level != 0 => {
+                crate::log::debug(&format!(
+                    "the BPF side's log does not load here ({e:#}): going on without it"
+                ));
+                log_level = 0;
+                load_tracing(offsets, ring_bytes, 0)?
+            }
+            loaded => loaded?,
+        };
         // aya's copies of the uprobe programs are loaded when first needed (perf links).
         let kernel_btf = btf_thread.join().ok().flatten();
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
+        if log_level != 0 {
+            // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
+            forward_bpf_log(&mut ebpf)?;
+        }
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
         let cpus = aya::util::online_cpus()
@@ -764,6 +758,84 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name)
         .ok_or_else(|| anyhow!("BPF map {name} missing from the object"))
+}
+
+/// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
+/// process-tree tracepoints.
+fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .override_global("TP_OFFSETS", offsets, true)
+        .override_global(aya_log::LEVEL, &log_level, true)
+        .map_max_entries("EVENTS", ring_bytes)
+        // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
+        // only the BPF side uses it.
+        .allow_unsupported_maps()
+        .load(BPF_OBJECT)
+        .context("loading the BPF programs failed (are you root, with CAP_BPF and CAP_PERFMON?)")?;
+    for (prog, category, name) in [
+        ("task_newtask", "task", "task_newtask"),
+        ("process_exec", "sched", "sched_process_exec"),
+        ("process_exit", "sched", "sched_process_exit"),
+        ("enter_openat", "syscalls", "sys_enter_openat"),
+        ("exit_openat", "syscalls", "sys_exit_openat"),
+    ] {
+        let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
+        tp.load()
+            .with_context(|| format!("verifier rejected {prog}"))?;
+        tp.attach(category, name)
+            .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
+    }
+    Ok(ebpf)
+}
+
+/// The BPF side's aya-log level (`AYA_LOG_LEVEL`, a load-time constant): debug with
+/// `--log-level=debug`, else 0, which turns every BPF log statement off; the verifier then
+/// drops their branches: with logging off only the load and test of the level stay.
+fn bpf_log_level() -> u8 {
+    if crate::log::enabled(crate::settings::LogLevel::Debug) {
+        aya_log::Level::Debug as u8
+    } else {
+        0
+    }
+}
+
+/// Prints the BPF side's log records as debug lines (`bpf: ...`), from a thread that waits on
+/// the log ring.
+fn forward_bpf_log(ebpf: &mut Ebpf) -> Result<()> {
+    let mut logger = aya_log::EbpfLogger::init_with_logger(ebpf, BpfLogLines)
+        .map_err(|e| anyhow!("cannot read the BPF side's log: {e}"))?;
+    std::thread::Builder::new()
+        .name("bpf-log".into())
+        .spawn(move || {
+            use std::os::fd::AsRawFd;
+            loop {
+                let mut pfd = libc::pollfd {
+                    fd: logger.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; the ring's fd lives as long as `logger`.
+                unsafe { libc::poll(&mut pfd, 1, 100) };
+                logger.flush();
+            }
+        })
+        .context("cannot start the BPF log thread")?;
+    Ok(())
+}
+
+/// aya-log's records, as the tracer's own debug lines.
+struct BpfLogLines;
+
+impl log::Log for BpfLogLines {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        crate::log::debug(&format!("bpf: {}", record.args()));
+    }
+
+    fn flush(&self) {}
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.

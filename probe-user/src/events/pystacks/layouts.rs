@@ -20,6 +20,18 @@ pub struct PyLayout {
     pub compact_size: u64,
 }
 
+impl CodeLayout {
+    /// Where BPF reads a code object's identity (`co_filename`, `co_name`, `co_qualname`,
+    /// `co_linetable`), if the four are neighbours in that order.
+    pub fn ids_offset(&self) -> u32 {
+        let f = self.filename;
+        match u32::try_from(f) {
+            Ok(off) if [self.name, self.qualname, self.linetable] == [f + 8, f + 16, f + 24] => off,
+            _ => PY_NO_OFFSET,
+        }
+    }
+}
+
 /// `PyCodeObject` field offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CodeLayout {
@@ -76,7 +88,7 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         frame_instr,
         frame_owner,
         frame_is_entry,
-        _pad: 0,
+        code_ids: PY_NO_OFFSET,
     };
     let (walk, code, ascii_size, compact_size) = match (major, minor) {
         (3, 11) => (
@@ -165,7 +177,7 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
             frame_instr: frame_field(31)?,
             frame_owner: frame_field(33)?,
             frame_is_entry: PY_NO_OFFSET,
-            _pad: 0,
+            code_ids: PY_NO_OFFSET,
         },
         code: CodeLayout {
             filename: word(35)?,

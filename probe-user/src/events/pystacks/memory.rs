@@ -17,6 +17,8 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
     /// Address of the first instruction.
     pub code_start: u64,
+    /// [`probe_common::py_code_ids`] of its name, file and line table pointers.
+    pub ids: u64,
 }
 
 impl CodeInfo {
@@ -86,9 +88,15 @@ pub(super) fn signed_varint(bytes: &[u8]) -> Option<i64> {
 }
 
 impl PyProc {
-    pub(super) fn code(&mut self, addr: u64) -> Option<Arc<CodeEntry>> {
-        if let Some(c) = self.codes.get(&addr) {
-            return c.clone();
+    /// The code object at `addr`, if it is still the one whose identity BPF read at the call
+    /// (`ids`): a cached entry of another identity was freed and replaced since it was read,
+    /// and is read again; a code object read now of another identity is not the one that ran.
+    pub(super) fn code(&mut self, addr: u64, ids: Option<u64>) -> Option<Arc<CodeEntry>> {
+        let same = |c: &Arc<CodeEntry>| ids.is_none_or(|ids| c.info.ids == ids);
+        if let Some(Some(c)) = self.codes.get(&addr)
+            && same(c)
+        {
+            return Some(c.clone());
         }
         let entry = read_code(&self.mem, &self.layout, self.code_type, addr)
             .map_err(|e| crate::log::debug(&format!("pid {}: Python frame: {e:#}", self.pid)))
@@ -104,7 +112,7 @@ impl PyProc {
         if entry.is_some() {
             self.codes.insert(addr, entry.clone());
         }
-        entry
+        entry.filter(same)
     }
 }
 
@@ -124,8 +132,10 @@ pub(super) fn u64_in(b: &[u8], off: u64) -> u64 {
 pub fn read_code(mem: &File, layout: &PyLayout, code_type: u64, addr: u64) -> Result<CodeInfo> {
     let c = &layout.code;
     let head = read_at(mem, addr, (c.linetable + 8) as usize)?;
-    // A freed block's first word is an allocator's free-list pointer (pymalloc keeps the
-    // type word, glibc's tcache overwrites it too): not a live object.
+    // A freed block's first word is often an allocator's free-list pointer (pymalloc keeps
+    // the type word, glibc's tcache overwrites it too): not a live object. (A block freed
+    // last in its pool holds 0 there and still reads as it was: the identity check in
+    // `PyProc::code` catches a new code object made in it.)
     if u64_in(&head, 0) >= 1 << 40 {
         bail!("0x{addr:x} was freed");
     }
@@ -145,6 +155,9 @@ pub fn read_code(mem: &File, layout: &PyLayout, code_type: u64, addr: u64) -> Re
         firstlineno,
         linetable,
         code_start: addr + c.code_adaptive,
+        ids: probe_common::py_code_ids(
+            [c.filename, c.name, c.qualname, c.linetable].map(|off| u64_in(&head, off)),
+        ),
     })
 }
 
