@@ -17,7 +17,7 @@ use std::{
 /// them; `offline`, `report` and `agent` are further entries; `cli` is the front end;
 /// `settings`, `log` and `digits` are shared. Nothing flows back up.
 const MAY_USE: &[(&str, &[&str])] = &[
-    ("trace", &["log"]),
+    ("trace", &["settings", "log"]),
     ("events", &["trace", "log"]),
     // `analysis`: the online analyzers `state` feeds as each call is applied (they never use
     // `state` back).

@@ -14,6 +14,7 @@ use aya::{
 };
 use probe_common::{ProbeSpec, TracepointOffsets, counter};
 
+use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
@@ -138,7 +139,7 @@ impl Bpf {
         // `EbpfLoader::new` parses the kernel BTF for itself and cannot share it: the copy the
         // multi-uprobe programs need is parsed meanwhile on another thread (~50-80 ms each).
         let btf_thread = std::thread::spawn(|| aya::Btf::from_sys_fs().ok());
-        let mut log_level = bpf_log_level();
+        let mut log_level = bpf_log::level();
         let mut ebpf = match load_tracing(offsets, ring_bytes, log_level) {
             // The BPF side's log statements are more code for the verifier: they must never
             // cost the trace.
@@ -156,7 +157,7 @@ impl Bpf {
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
         if log_level != 0 {
             // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
-            forward_bpf_log(&mut ebpf)?;
+            bpf_log::forward(&mut ebpf)?;
         }
         let flush: &mut RawTracePoint = program(&mut ebpf, "flush_calls")?.try_into()?;
         flush.load().context("verifier rejected flush_calls")?;
@@ -781,56 +782,6 @@ fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> 
             .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
     }
     Ok(ebpf)
-}
-
-/// The BPF side's aya-log level (`AYA_LOG_LEVEL`, a load-time constant): debug with
-/// `--log-level=debug`, else 0, which turns every BPF log statement off; the verifier then
-/// drops their branches: with logging off only the load and test of the level stay.
-fn bpf_log_level() -> u8 {
-    if crate::log::enabled(crate::settings::LogLevel::Debug) {
-        aya_log::Level::Debug as u8
-    } else {
-        0
-    }
-}
-
-/// Prints the BPF side's log records as debug lines (`bpf: ...`), from a thread that waits on
-/// the log ring.
-fn forward_bpf_log(ebpf: &mut Ebpf) -> Result<()> {
-    let mut logger = aya_log::EbpfLogger::init_with_logger(ebpf, BpfLogLines)
-        .map_err(|e| anyhow!("cannot read the BPF side's log: {e}"))?;
-    std::thread::Builder::new()
-        .name("bpf-log".into())
-        .spawn(move || {
-            use std::os::fd::AsRawFd;
-            loop {
-                let mut pfd = libc::pollfd {
-                    fd: logger.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; the ring's fd lives as long as `logger`.
-                unsafe { libc::poll(&mut pfd, 1, 100) };
-                logger.flush();
-            }
-        })
-        .context("cannot start the BPF log thread")?;
-    Ok(())
-}
-
-/// aya-log's records, as the tracer's own debug lines.
-struct BpfLogLines;
-
-impl log::Log for BpfLogLines {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        crate::log::debug(&format!("bpf: {}", record.args()));
-    }
-
-    fn flush(&self) {}
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.
