@@ -379,6 +379,9 @@ impl Bench {
                 let _ = fs::remove_dir_all(&dir);
                 fs::create_dir_all(&dir)?;
                 let go = dir.join("go");
+                // The previous configuration's tracer may still be tearing its links down in
+                // its background detach process: that would be measured as this one's cost.
+                wait_for_no_tracer(60)?;
                 let mut target = Watched::spawn(self.bench_loop(iters, Some(&go)), false)?;
                 target.wait_for("WAITING", 30)?;
                 let mut neighbour = Watched::spawn(self.bench_loop(iters, Some(&go)), false)?;
@@ -435,8 +438,9 @@ impl Bench {
             md,
             "### 0.5 s after the tracer exits\n\nTwo `bench_loop --mode hal` processes wait; \
              the tracer attaches to one (`--pid`), is stopped with SIGINT 0.3 s later, and \
-             0.5 s after it has exited both run {iters} pairs at once (two CPUs). ns per \
-             pair.\n"
+             0.5 s after it has exited both run {iters} pairs at once (two CPUs). Each \
+             configuration starts once no tracer process (nor a background detach process \
+             of the one before) is left. ns per pair.\n"
         )?;
         writeln!(
             md,
@@ -724,6 +728,33 @@ fn loop_method(rounds: usize, reps: usize, pinned: bool) -> String {
             ""
         }
     )
+}
+
+/// Waits until no `memscope-bpf` process is left (a tracer's background detach process lives
+/// until every link it holds is released).
+fn wait_for_no_tracer(secs: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let alive = fs::read_dir("/proc")?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .any(|e| {
+                fs::read_to_string(e.path().join("comm"))
+                    .is_ok_and(|c| c.trim_end() == "memscope-bpf")
+            });
+        if !alive {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("a memscope-bpf process is still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn wait_for_file_text(path: &Path, needle: &str, secs: u64) -> Result<()> {
