@@ -16,6 +16,7 @@ use probe_common::{ProbeSpec, TracepointOffsets, counter};
 
 use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
+pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
@@ -64,19 +65,6 @@ const RETURN_PROGRAMS: [&str; 3] = ["call_return", "hal_return", "noop_return"];
 
 /// The part of an attach cookie that is the probe id.
 pub const PROBE_ID_MASK: u64 = 0xffff;
-
-/// Which processes a probe fires in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// Every process mapping the file, now or later (system-wide tracing).
-    AllProcesses,
-    /// One process (all its threads); others mapping the file never trap.
-    Process(u32),
-    /// Every process of the traced set, now and later: one set of links per process, made
-    /// again for each process that joins (`Bpf::trace_process`, `Bpf::scope_process`) and
-    /// dropped when it leaves (`Bpf::forget_process`). Untraced processes never trap.
-    Traced,
-}
 
 /// A probe point: (file offset, attach cookie).
 type Point = (u64, u64);
@@ -629,14 +617,19 @@ impl Bpf {
         }
     }
 
-    /// Hands the teardown of every probe to a background process and returns at once.
-    ///
-    /// The kernel unregisters uprobes one at a time, waiting for a grace period each (~0.1 s
-    /// here), so detaching a few dozen takes seconds. A forked child keeps its copies of the
-    /// link descriptors until this process has exited, then exits itself, dropping the last
-    /// references: the slow work happens after the caller is gone. Call it last, once all
-    /// output is written; nothing is traced any more (the traced set is empty by then).
-    pub fn detach_in_background(self) {
+    /// Releases every probe at the tracer's end; call it last, once all output is written.
+    /// Multi-uprobe links are closed here, one thread each so that their grace periods overlap:
+    /// their breakpoints are gone when this returns. Perf links cost a grace period each (~0.1
+    /// s), so a forked child keeps copies of the remaining descriptors until this process has
+    /// exited, then exits itself: that slow work happens after the caller is gone.
+    pub fn detach_in_background(mut self) {
+        let mut multi_links = std::mem::take(&mut self.links);
+        multi_links.extend(self.process_links.drain().flat_map(|(_, links)| links));
+        std::thread::scope(|s| {
+            for link in multi_links {
+                s.spawn(move || drop(link));
+            }
+        });
         let mut fds = [0; 2];
         // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
         unsafe {
@@ -675,30 +668,6 @@ const UPROBE_PROGRAMS: [&str; 7] = [
     "noop_return",
     "noop_return_site",
 ];
-
-/// Environment variable choosing where probes fire: `system` puts them in every process
-/// mapping a probed library (the BPF side still filters on the traced set; what a fleet-wide
-/// agent needs); unset or `traced`, only in the traced processes.
-pub const SCOPE_ENV: &str = "MEMSCOPE_BPF_SCOPE";
-
-/// The probe scope chosen by `MEMSCOPE_BPF_SCOPE` (default: the traced processes).
-pub fn probe_scope() -> Scope {
-    match std::env::var(SCOPE_ENV).as_deref() {
-        Ok("system") => {
-            crate::log::debug(&format!(
-                "{SCOPE_ENV}=system: probes fire in every process mapping a probed library"
-            ));
-            Scope::AllProcesses
-        }
-        Ok("traced") | Err(_) => Scope::Traced,
-        Ok(other) => {
-            crate::log::warn(&format!(
-                "{SCOPE_ENV}={other} is neither `system` nor `traced`; probing the traced processes only"
-            ));
-            Scope::Traced
-        }
-    }
-}
 
 /// Environment variable that keeps the tracer on per-probe perf links even where the kernel
 /// has multi-uprobe links (benchmarks and tests compare the two).

@@ -1,7 +1,7 @@
 //! Stage 1, loading and attaching: which objects get which probes ([`attach`], the planner,
 //! with [`probes`] the probe table and [`aclnn`] the op-function registry), where in each
 //! function ([`placement`], [`torch_npu`] for the hidden allocator function), the BPF object
-//! and its links ([`bpf`], [`bpf_log`], [`multi_uprobe`], [`tracefs`]), and the target itself ([`launch`],
+//! and its links ([`bpf`], [`bpf_log`], [`multi_uprobe`], [`scope`], [`tracefs`]), and the target itself ([`launch`],
 //! [`target`], [`watchdog`]). The only part that needs root.
 //!
 //! Uses only the shared `log` and `settings`. Nothing downstream (`events`, `state`, `session`, `analysis`, `output`,
@@ -15,6 +15,7 @@ pub mod launch;
 pub mod multi_uprobe;
 pub mod placement;
 pub mod probes;
+pub mod scope;
 pub mod target;
 pub mod torch_npu;
 pub mod tracefs;
