@@ -896,28 +896,6 @@ fn agent_picks_up_a_job_that_was_running_before_it() {
     assert!(stderr.contains("libascend_hal.so"), "{stderr}");
 }
 
-/// The torch/torch_npu test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test`
-/// unless `MEMSCOPE_TORCH_BED=off`), or a loud skip.
-fn torch_venvs(test: &str) -> Option<Vec<PathBuf>> {
-    let Some(v) = std::env::var_os("MEMSCOPE_TORCH_VENVS") else {
-        eprintln!(
-            "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
-             which installs the torch/torch_npu test bed; MEMSCOPE_TORCH_BED=off leaves it out)"
-        );
-        println!("SKIPPED {test}: no torch test bed");
-        return None;
-    };
-    let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
-    for venv in &venvs {
-        assert!(
-            venv.join("bin/python").is_file(),
-            "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
-            venv.display()
-        );
-    }
-    Some(venvs)
-}
-
 /// The released torch + torch_npu wheels on the simulated CANN (tests/fixtures/python/
 /// torch_npu_train.py, started after the agent, which is given only the CANN install's
 /// libraries: libtorch_npu.so's reporting function is found when the job opens it). While the
@@ -934,23 +912,16 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
         return;
     };
     let _g = serial();
-    let cann = repo_root().join("tests/fixtures/build/cann");
-    let lib64 = cann.join("lib64");
-    assert!(
-        lib64.join("libascendcl.so").is_file(),
-        "no simulated CANN at {} (cargo xtask setup builds it)",
-        cann.display()
-    );
+    let lib64 = cann_dir().join("lib64");
     let libs: Vec<String> = ["libascend_hal.so", "libascendcl.so"]
         .iter()
         .map(|l| lib64.join(l).display().to_string())
         .collect();
     let agent =
         Agent::start_without_libs(&["--lib", &libs[0], "--lib", &libs[1], "--sample-bytes", "0"]);
-    let script = repo_root().join("tests/fixtures/python/torch_npu_train.py");
-    let old_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let script = torch_script();
     for venv in venvs {
-        let release = venv.file_name().unwrap().to_string_lossy().into_owned();
+        let release = bed_release(&venv);
         let dir = scratch(&format!("agent-torch-{release}"));
         let (log, go, hold) = (dir.join("gt.log"), dir.join("go"), dir.join("hold"));
         let _release_hold = GoOnDrop(hold.clone());
@@ -964,9 +935,7 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
                 .arg(&go)
                 .arg("--hold-file")
                 .arg(&hold)
-                .env("ASCEND_HOME_PATH", &cann)
-                .env("ASCEND_OPP_PATH", cann.join("opp"))
-                .env("LD_LIBRARY_PATH", format!("{}:{old_path}", lib64.display()))
+                .envs(cann_env())
                 .stdout(Stdio::null())
                 .spawn()
                 .expect("start python"),

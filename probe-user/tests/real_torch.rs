@@ -19,69 +19,6 @@ use common::*;
 
 const STEPS: u32 = 5;
 
-/// The test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test`), or a loud skip.
-fn venvs(test: &str) -> Option<Vec<PathBuf>> {
-    if !require_root(test) {
-        return None;
-    }
-    match std::env::var_os("MEMSCOPE_TORCH_VENVS") {
-        Some(v) => {
-            let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
-            for venv in &venvs {
-                assert!(
-                    venv.join("bin/python").is_file(),
-                    "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
-                    venv.display()
-                );
-            }
-            Some(venvs)
-        }
-        None => {
-            eprintln!(
-                "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
-                 which installs the torch/torch_npu test bed)"
-            );
-            println!("SKIPPED {test}: no torch test bed");
-            None
-        }
-    }
-}
-
-/// The simulated CANN install, as `set_env.sh` would set it up.
-fn cann_env() -> Vec<(String, String)> {
-    let cann = repo_root().join("tests/fixtures/build/cann");
-    assert!(
-        cann.join("lib64/libascendcl.so").is_file(),
-        "no simulated CANN at {} (cargo xtask setup builds it)",
-        cann.display()
-    );
-    let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    let lib = cann.join("lib64").display().to_string();
-    vec![
-        ("ASCEND_HOME_PATH".into(), cann.display().to_string()),
-        (
-            "ASCEND_OPP_PATH".into(),
-            cann.join("opp").display().to_string(),
-        ),
-        (
-            "LD_LIBRARY_PATH".into(),
-            if old.is_empty() {
-                lib
-            } else {
-                format!("{lib}:{old}")
-            },
-        ),
-    ]
-}
-
-fn script() -> PathBuf {
-    repo_root().join("tests/fixtures/python/torch_npu_train.py")
-}
-
-fn release(venv: &Path) -> String {
-    venv.file_name().unwrap().to_string_lossy().into_owned()
-}
-
 /// What one traced run left: the script's log, the tracer's stderr and rows.
 struct Run {
     log: String,
@@ -105,7 +42,7 @@ fn launch(venv: &Path, dir: &Path) -> Run {
             "--",
         ])
         .arg(venv.join("bin/python"))
-        .arg(script())
+        .arg(torch_script())
         .args([
             "--log",
             log.to_str().unwrap(),
@@ -149,7 +86,7 @@ fn attach(venv: &Path, dir: &Path) -> Run {
     let log = dir.join("gt.log");
     let go = dir.join("go");
     let mut target = Command::new(venv.join("bin/python"))
-        .arg(script())
+        .arg(torch_script())
         .args([
             "--log",
             log.to_str().unwrap(),
@@ -495,15 +432,15 @@ fn check_compare(base: &Run, new: &Run, dir: &Path) {
 
 #[test]
 fn real_torch_npu_launch_mode() {
-    let Some(venvs) = venvs("real_torch_npu_launch_mode") else {
+    let Some(venvs) = torch_venvs("real_torch_npu_launch_mode") else {
         return;
     };
     let _serial = serial();
     let mut runs = Vec::new();
     for venv in venvs {
-        let dir = scratch(&format!("real-torch-launch-{}", release(&venv)));
+        let dir = scratch(&format!("real-torch-launch-{}", bed_release(&venv)));
         let run = launch(&venv, &dir);
-        let what = format!("launch, {}", release(&venv));
+        let what = format!("launch, {}", bed_release(&venv));
         check(&run, &what);
         check_decompose(&run, &what);
         // The whole run is seen from the first instruction: aclInit too.
@@ -524,14 +461,14 @@ fn real_torch_npu_launch_mode() {
 
 #[test]
 fn real_torch_npu_attach_mode() {
-    let Some(venvs) = venvs("real_torch_npu_attach_mode") else {
+    let Some(venvs) = torch_venvs("real_torch_npu_attach_mode") else {
         return;
     };
     let _serial = serial();
     for venv in venvs {
-        let dir = scratch(&format!("real-torch-attach-{}", release(&venv)));
+        let dir = scratch(&format!("real-torch-attach-{}", bed_release(&venv)));
         let run = attach(&venv, &dir);
-        check(&run, &format!("--pid, {}", release(&venv)));
+        check(&run, &format!("--pid, {}", bed_release(&venv)));
     }
 }
 
@@ -541,7 +478,7 @@ fn real_torch_npu_attach_mode() {
 /// at that moment.
 #[test]
 fn real_torch_npu_oom_report() {
-    let Some(venvs) = venvs("real_torch_npu_oom_report") else {
+    let Some(venvs) = torch_venvs("real_torch_npu_oom_report") else {
         return;
     };
     let _serial = serial();
@@ -552,7 +489,7 @@ fn real_torch_npu_oom_report() {
     let out = Command::new(TRACER)
         .args(["-o", out_dir.to_str().unwrap(), "--analysis=oom:3", "--"])
         .arg(venv.join("bin/python"))
-        .arg(script())
+        .arg(torch_script())
         .args(["--log", log.to_str().unwrap(), "--steps", "2", "--oom"])
         .envs(cann_env())
         .env("SIM_HAL_DEVICE_MEM_BYTES", (512u64 << 20).to_string())
@@ -621,7 +558,7 @@ fn real_torch_npu_oom_report() {
 /// 3 in the workspace allocator, as in its source), with the layout each source has.
 #[test]
 fn torch_npu_report_function_is_found_in_both_releases() {
-    let Some(venvs) = venvs("torch_npu_report_function_is_found_in_both_releases") else {
+    let Some(venvs) = torch_venvs("torch_npu_report_function_is_found_in_both_releases") else {
         return;
     };
     use memscope_bpf::trace::torch_npu::{UsageLayout, locate};

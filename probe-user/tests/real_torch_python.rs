@@ -11,7 +11,7 @@ mod common;
 use std::{
     collections::BTreeMap,
     fs,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -19,62 +19,6 @@ use std::{
 use common::*;
 
 const STEPS: u32 = 3;
-
-/// The test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test` unless
-/// `MEMSCOPE_TORCH_BED=off`), or a loud skip.
-fn venvs(test: &str) -> Option<Vec<PathBuf>> {
-    if !require_root(test) {
-        return None;
-    }
-    let Some(v) = std::env::var_os("MEMSCOPE_TORCH_VENVS") else {
-        eprintln!(
-            "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
-             which installs the torch/torch_npu test bed unless MEMSCOPE_TORCH_BED=off)"
-        );
-        println!("SKIPPED {test}: no torch test bed");
-        return None;
-    };
-    let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
-    for venv in &venvs {
-        assert!(
-            venv.join("bin/python").is_file(),
-            "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
-            venv.display()
-        );
-    }
-    Some(venvs)
-}
-
-/// The simulated CANN install, as `set_env.sh` would set it up.
-fn cann_env() -> Vec<(String, String)> {
-    let cann = repo_root().join("tests/fixtures/build/cann");
-    assert!(
-        cann.join("lib64/libascendcl.so").is_file(),
-        "no simulated CANN at {} (cargo xtask setup builds it)",
-        cann.display()
-    );
-    let lib = cann.join("lib64").display().to_string();
-    let path = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(old) if !old.is_empty() => format!("{lib}:{old}"),
-        _ => lib,
-    };
-    vec![
-        ("ASCEND_HOME_PATH".into(), cann.display().to_string()),
-        (
-            "ASCEND_OPP_PATH".into(),
-            cann.join("opp").display().to_string(),
-        ),
-        ("LD_LIBRARY_PATH".into(), path),
-    ]
-}
-
-fn script() -> PathBuf {
-    repo_root().join("tests/fixtures/python/torch_npu_train.py")
-}
-
-fn release(venv: &Path) -> String {
-    venv.file_name().unwrap().to_string_lossy().into_owned()
-}
 
 /// The entry of torch_npu's memory report function (where PTA rows are made) in each wheel's
 /// libtorch_npu.so, as gdb and objdump place it (see real_torch.rs).
@@ -168,7 +112,7 @@ fn launch(venv: &Path, dir: &Path, call_stack: &str) -> Run {
     let out = Command::new(TRACER)
         .args(["-o", out_dir.to_str().unwrap(), call_stack, "--"])
         .arg(venv.join("bin/python"))
-        .arg(script())
+        .arg(torch_script())
         .args([
             "--log",
             log.to_str().unwrap(),
@@ -190,7 +134,7 @@ fn attach(venv: &Path, dir: &Path, call_stack: &str) -> Run {
     let log = dir.join("gt.log");
     let go = dir.join("go");
     let mut target = Command::new(venv.join("bin/python"))
-        .arg(script())
+        .arg(torch_script())
         .args([
             "--log",
             log.to_str().unwrap(),
@@ -265,7 +209,7 @@ fn check(run: &Run, what: &str, mixed: Option<u64>) -> (usize, usize) {
             run.log, run.stderr
         )
     };
-    let script_file = script().display().to_string();
+    let script_file = torch_script().display().to_string();
     // Each tensor made or dropped: the next PTA row of that kind at its data_ptr(), in order.
     let mut made: Vec<(usize, String, String)> = Vec::new(); // (row, log name, stack)
     let mut checked = Vec::new();
@@ -542,12 +486,12 @@ fn check_mixed(run: &Run, i: usize, report: u64, ctx: &dyn Fn(String) -> String)
 #[test]
 fn real_torch_python_stacks_in_launch_mode_mixed() {
     let test = "real_torch_python_stacks_in_launch_mode_mixed";
-    let Some(venvs) = venvs(test) else {
+    let Some(venvs) = torch_venvs(test) else {
         return;
     };
     let _serial = serial();
     for venv in venvs {
-        let release = release(&venv);
+        let release = bed_release(&venv);
         let dir = scratch(&format!("real-torch-python-launch-{release}"));
         let run = launch(&venv, &dir, "--call-stack=mixed");
         let (n, cut) = check(
@@ -566,12 +510,12 @@ fn real_torch_python_stacks_in_launch_mode_mixed() {
 #[test]
 fn real_torch_python_stacks_in_attach_mode() {
     let test = "real_torch_python_stacks_in_attach_mode";
-    let Some(venvs) = venvs(test) else {
+    let Some(venvs) = torch_venvs(test) else {
         return;
     };
     let _serial = serial();
     let venv = &venvs[0];
-    let release = release(venv);
+    let release = bed_release(venv);
     let dir = scratch(&format!("real-torch-python-attach-{release}"));
     let run = attach(venv, &dir, "--call-stack=python");
     let (n, _) = check(&run, &format!("--pid, {release}"), None);

@@ -10,6 +10,10 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
+mod torch_bed;
+#[allow(unused_imports)] // only the torch bed tests use it
+pub use torch_bed::*;
+
 pub const TRACER: &str = env!("CARGO_BIN_EXE_memscope-bpf");
 
 pub fn repo_root() -> PathBuf {

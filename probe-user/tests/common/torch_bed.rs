@@ -1,0 +1,71 @@
+//! The real-framework test bed: the released torch + torch_npu wheels (venvs installed by
+//! `cargo xtask setup`) on the simulated CANN (tests/fixtures/cann), running
+//! tests/fixtures/python/torch_npu_train.py.
+
+use std::path::{Path, PathBuf};
+
+use super::{repo_root, require_root};
+
+/// The test bed's venvs (`MEMSCOPE_TORCH_VENVS`, set by `cargo xtask test` unless
+/// `MEMSCOPE_TORCH_BED=off`), or a loud skip (also when not root).
+pub fn torch_venvs(test: &str) -> Option<Vec<PathBuf>> {
+    if !require_root(test) {
+        return None;
+    }
+    let Some(v) = std::env::var_os("MEMSCOPE_TORCH_VENVS") else {
+        eprintln!(
+            "SKIPPED {test}: MEMSCOPE_TORCH_VENVS is not set (run through `cargo xtask test`, \
+             which installs the torch/torch_npu test bed unless MEMSCOPE_TORCH_BED=off)"
+        );
+        println!("SKIPPED {test}: no torch test bed");
+        return None;
+    };
+    let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
+    for venv in &venvs {
+        assert!(
+            venv.join("bin/python").is_file(),
+            "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
+            venv.display()
+        );
+    }
+    Some(venvs)
+}
+
+/// The simulated CANN install's directory (asserted to be built).
+pub fn cann_dir() -> PathBuf {
+    let cann = repo_root().join("tests/fixtures/build/cann");
+    assert!(
+        cann.join("lib64/libascendcl.so").is_file(),
+        "no simulated CANN at {} (cargo xtask setup builds it)",
+        cann.display()
+    );
+    cann
+}
+
+/// The simulated CANN's environment, as its `set_env.sh` would set it up.
+pub fn cann_env() -> Vec<(String, String)> {
+    let cann = cann_dir();
+    let lib = cann.join("lib64").display().to_string();
+    let path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{lib}:{old}"),
+        _ => lib,
+    };
+    vec![
+        ("ASCEND_HOME_PATH".into(), cann.display().to_string()),
+        (
+            "ASCEND_OPP_PATH".into(),
+            cann.join("opp").display().to_string(),
+        ),
+        ("LD_LIBRARY_PATH".into(), path),
+    ]
+}
+
+/// The training script the test bed runs.
+pub fn torch_script() -> PathBuf {
+    repo_root().join("tests/fixtures/python/torch_npu_train.py")
+}
+
+/// A venv's release name (its directory name, e.g. `torch-2.8.0_npu-2.8.0.post2`).
+pub fn bed_release(venv: &Path) -> String {
+    venv.file_name().unwrap().to_string_lossy().into_owned()
+}
