@@ -617,19 +617,14 @@ impl Bpf {
         }
     }
 
-    /// Releases every probe at the tracer's end; call it last, once all output is written.
-    /// Multi-uprobe links are closed here, one thread each so that their grace periods overlap:
-    /// their breakpoints are gone when this returns. Perf links cost a grace period each (~0.1
-    /// s), so a forked child keeps copies of the remaining descriptors until this process has
-    /// exited, then exits itself: that slow work happens after the caller is gone.
-    pub fn detach_in_background(mut self) {
-        let mut multi_links = std::mem::take(&mut self.links);
-        multi_links.extend(self.process_links.drain().flat_map(|(_, links)| links));
-        std::thread::scope(|s| {
-            for link in multi_links {
-                s.spawn(move || drop(link));
-            }
-        });
+    /// Hands the teardown of every probe to a background process and returns at once.
+    ///
+    /// The kernel unregisters uprobes one at a time, waiting for a grace period each (~0.1 s
+    /// here), so detaching a few dozen takes seconds. A forked child keeps its copies of the
+    /// link descriptors until this process has exited, then exits itself, dropping the last
+    /// references: the slow work happens after the caller is gone. Call it last, once all
+    /// output is written; nothing is traced any more (the traced set is empty by then).
+    pub fn detach_in_background(self) {
         let mut fds = [0; 2];
         // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
         unsafe {
