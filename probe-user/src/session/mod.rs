@@ -12,6 +12,7 @@
 mod call_stacks;
 mod processes;
 mod records;
+mod reorder;
 
 use crate::events::decode;
 use crate::events::decode::{CallEvent, Decoded};
@@ -22,15 +23,14 @@ use crate::log;
 use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::output::{ProcessOutput, Row};
 use crate::settings::DataFormat;
-use crate::state::{ProcessState, ProcessStats, TrackOptions};
+use crate::state::{AddrHash, ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};
 use crate::trace::launch;
 use crate::trace::target::process_alive;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,22 +118,14 @@ struct Pending {
     py_stack: Option<Arc<str>>,
 }
 
-impl PartialEq for Pending {
-    fn eq(&self, o: &Self) -> bool {
-        (self.ts, self.seq) == (o.ts, o.seq)
+impl reorder::Ordered for Pending {
+    fn key(&self) -> (u64, u64) {
+        (self.ts, self.seq)
     }
 }
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, o: &Self) -> Ordering {
-        (self.ts, self.seq).cmp(&(o.ts, o.seq))
-    }
-}
+
+/// A Python stack waiting for its call: its text, and its frames for the mixed view.
+type PendingPython = (Arc<str>, Option<Arc<PyStack>>);
 
 struct Traced {
     state: ProcessState,
@@ -145,9 +137,9 @@ pub struct Session {
     bpf: Bpf,
     planner: Planner,
     cfg: SessionConfig,
-    procs: HashMap<u32, Traced>,
+    procs: HashMap<u32, Traced, AddrHash>,
     order: Vec<u32>,
-    reorder: BinaryHeap<Reverse<Pending>>,
+    reorder: reorder::Reorder<Pending>,
     /// The rows of the event being applied; kept to reuse its allocation.
     rows: Vec<Row>,
     seq: u64,
@@ -157,12 +149,12 @@ pub struct Session {
     reported: Counters,
     child_status: Option<i32>,
     stacks: Option<StackResolver>,
-    pending_stacks: HashMap<u32, StackSample>,
+    pending_stacks: HashMap<u32, StackSample, AddrHash>,
     /// `--call-stack=python`: processes' interpreters and code objects.
     python: Option<PyStacks>,
     /// Thread -> the Python stack BPF sent just before its next call (already resolved; the
     /// frames too for the mixed view).
-    pending_py: HashMap<u32, (Arc<str>, Option<Arc<PyStack>>)>,
+    pending_py: HashMap<u32, PendingPython, AddrHash>,
     kernel_names: KernelNames,
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
@@ -189,9 +181,9 @@ impl Session {
             bpf,
             planner,
             cfg,
-            procs: HashMap::new(),
+            procs: HashMap::default(),
             order: Vec::new(),
-            reorder: BinaryHeap::new(),
+            reorder: reorder::Reorder::new(),
             rows: Vec::new(),
             seq: 0,
             events: 0,
@@ -200,9 +192,9 @@ impl Session {
             reported: Counters::default(),
             child_status: None,
             stacks: stack_depth.map(StackResolver::new),
-            pending_stacks: HashMap::new(),
+            pending_stacks: HashMap::default(),
             python,
-            pending_py: HashMap::new(),
+            pending_py: HashMap::default(),
             kernel_names: KernelNames::default(),
             flushed_at: 0,
         }

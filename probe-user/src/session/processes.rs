@@ -9,7 +9,6 @@ use crate::output::leaks;
 use crate::output::leaks::{LeakCause, ProcessLeaks};
 use crate::state::ProcessState;
 use anyhow::Result;
-use std::cmp::Reverse;
 
 impl Session {
     /// Applies held events older than the reorder window (all of them when `all`).
@@ -18,13 +17,13 @@ impl Session {
         let horizon = clock_ns(libc::CLOCK_MONOTONIC)
             .saturating_sub(REORDER_WINDOW_NS)
             .min(self.flushed_at);
-        while let Some(Reverse(top)) = self.reorder.peek() {
+        while let Some(top) = self.reorder.peek() {
             if !all && top.ts > horizon {
                 break;
             }
             // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
-            if let Some(mut top) = self.reorder.peek_mut()
-                && let Some((job, text)) = &mut top.0.stack
+            if let Some(top) = self.reorder.peek_mut()
+                && let Some((job, text)) = &mut top.stack
                 && text.is_none()
                 && let Some(resolver) = &mut self.stacks
             {
@@ -37,7 +36,7 @@ impl Session {
                     break;
                 }
             }
-            let Reverse(p) = self.reorder.pop().expect("peeked");
+            let p = self.reorder.pop().expect("peeked");
             let c_stack = p.stack.and_then(|(_, text)| text);
             let py_stack = p.py_stack;
             match p.event {

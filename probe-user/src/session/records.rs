@@ -8,7 +8,6 @@ use crate::log;
 use crate::trace::probes::{KernelRef, launch_args};
 use anyhow::Result;
 use probe_common::RawEvent;
-use std::cmp::Reverse;
 use std::sync::Arc;
 
 impl Session {
@@ -140,13 +139,13 @@ impl Session {
                     }
                     let stack = self.stack_job(&ev);
                     let py_stack = self.python_stack_of(&ev);
-                    self.reorder.push(Reverse(Pending {
+                    self.reorder.push(Pending {
                         ts: ev.ts_mono(),
                         seq: self.seq,
                         event: ev,
                         stack,
                         py_stack,
-                    }));
+                    });
                 }
             }
         }

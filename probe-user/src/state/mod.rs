@@ -130,9 +130,10 @@ pub struct ProcessStats {
     pub nested_launches: u64,
 }
 
-/// Hasher for address-keyed maps: one multiply instead of SipHash (the keys come from the
-/// traced process, not from an adversary; the user-space throughput bench measures it).
-type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
+/// Hasher for address-keyed maps (and the session's pid- and tid-keyed ones): one multiply
+/// instead of SipHash (the keys come from the traced processes and the kernel, not from an
+/// adversary; the user-space throughput bench measures it).
+pub type AddrHash = std::hash::BuildHasherDefault<AddrHasher>;
 
 #[derive(Default)]
 pub struct AddrHasher(u64);
