@@ -195,6 +195,8 @@ pub struct PyStackEvent {
     pub tid: u32,
     /// The thread's `PyThreadState` (0 when none was found).
     pub tstate: u64,
+    /// The call's `ts_ns` (as its call record has it): pairs the sample with its call.
+    pub ts_ns: u64,
     /// Innermost first.
     pub frames: [PyFrameRecord; PY_MAX_FRAMES],
 }

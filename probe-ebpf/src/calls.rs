@@ -359,22 +359,24 @@ fn pop_call(ctx: &RetProbeContext) -> Option<PendingSlot> {
     Some(call)
 }
 
-/// Sends a call taken off the pending stack: into this CPU's batch, or (with stacks, or
-/// while batching is off) straight into the ring buffer after its stack sample.
+/// Sends a call taken off the pending stack: into this CPU's batch, or (a call with a stack
+/// sample, or any call while batching is off) straight into the ring buffer after its sample.
+/// User space pairs a sample with the call of its thread that has its `ts_ns`, so a batch
+/// sent from another CPU in between takes nothing (the node agent batches its unsampled
+/// calls; a single run with stacks samples every call, so it sends them all one by one).
 #[inline(always)]
 fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
-    let spec = *PROBE_SPECS.get(call.probe & COOKIE_PROBE_MASK as u32)?;
-    // A call with a stack sample goes straight out after it (user space pairs them by order).
-    if offsets().capture_stacks == 0
-        && offsets().python_stacks == 0
-        && BATCHING.get(0).is_some_and(|b| *b != 0)
-    {
+    let probe = call.probe & COOKIE_PROBE_MASK as u32;
+    let spec = *PROBE_SPECS.get(probe)?;
+    let stacks = offsets().capture_stacks != 0 || offsets().python_stacks != 0;
+    let sampled = stacks && sampling::wants_stack(probe, &call.args, None);
+    if !sampled && BATCHING.get(0).is_some_and(|b| *b != 0) {
         return batch_call(ctx, call, &spec);
     }
     let (ts_ns, ret_ts_ns) = call_times(call, &spec);
     let (deref, flags) = read_deref(call, &spec);
     // The stack sample goes first: records reach user space in reservation order.
-    if sampling::wants_stack(call.probe & COOKIE_PROBE_MASK as u32, &call.args, None) {
+    if sampled {
         emit_stack(ctx.as_ptr(), call.pid, call.tid, ts_ns);
     }
     // Written straight into the ring buffer (no per-CPU scratch event, no copy).

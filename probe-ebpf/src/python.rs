@@ -57,7 +57,7 @@ fn read_u64(addr: u64) -> Option<u64> {
 
 /// Sends the Python stack of the current thread if its process runs a known CPython.
 #[inline(never)]
-pub fn emit_python_stack(tgid: u32, tid: u32) {
+pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
     if offsets().python_stacks == 0 {
         return;
     }
@@ -74,6 +74,7 @@ pub fn emit_python_stack(tgid: u32, tid: u32) {
     ev.nframes = 0;
     ev.pid = tgid;
     ev.tid = tid;
+    ev.ts_ns = ts_ns;
     ev.tstate = find_thread_state(&p, tid);
     if ev.tstate == 0 {
         ev.flags |= py_flags::NO_THREAD_STATE;

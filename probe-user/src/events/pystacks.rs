@@ -61,6 +61,8 @@ use std::sync::Arc;
 pub struct PySample {
     pub pid: u32,
     pub tid: u32,
+    /// The `ts_ns` of the call it was taken for (its record has the same).
+    pub ts_ns: u64,
     pub flags: u16,
     pub frames: Vec<PyFrameRecord>,
 }
@@ -90,6 +92,7 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<PySample> {
     Some(PySample {
         pid: u32_at(std::mem::offset_of!(PyStackEvent, pid)),
         tid: u32_at(std::mem::offset_of!(PyStackEvent, tid)),
+        ts_ns: u64_at(std::mem::offset_of!(PyStackEvent, ts_ns)),
         flags,
         frames,
     })

@@ -21,6 +21,8 @@ use probe_common::{FP_FRAMES, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent};
 pub struct StackSample {
     pub pid: u32,
     pub tid: u32,
+    /// The `ts_ns` of the call it was taken for (its record has the same).
+    pub ts_ns: u64,
     pub ip: u64,
     pub sp: u64,
     pub fp: u64,
@@ -53,6 +55,7 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
     Some(StackSample {
         pid: ev.pid,
         tid: ev.tid,
+        ts_ns: ev.ts_ns,
         ip: ev.ip,
         sp: ev.sp,
         fp: ev.fp,
@@ -308,6 +311,7 @@ mod tests {
             StackSample {
                 pid: std::process::id(),
                 tid: 0,
+                ts_ns: 0,
                 ip: pc,
                 sp: 0,
                 fp: 0,

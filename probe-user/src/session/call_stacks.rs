@@ -2,7 +2,9 @@
 //! stacks attached to the call they were taken for.
 
 use super::Session;
-use crate::events::decode::{Call, Decoded};
+use crate::events::decode::{Call, CallEvent, Decoded};
+use crate::state::AddrHash;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 impl Session {
@@ -42,20 +44,12 @@ impl Session {
         }
     }
 
-    /// The Python stack of a call: the sample BPF sent just before it on the same thread, or
+    /// The Python stack of a call: the sample BPF sent for it (same thread, same `ts_ns`), or
     /// a marker saying why there is none.
-    pub(super) fn python_stack_of(&mut self, ev: &Decoded) -> Option<Arc<str>> {
+    pub(super) fn python_stack_of(&mut self, ev: &Decoded, ts_ns: u64) -> Option<Arc<str>> {
         let Decoded::Call(call) = ev else { return None };
         let py = self.python.as_ref()?;
-        let batch = matches!(
-            call.call,
-            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
-        );
-        let text = if batch {
-            self.pending_py.get(&call.tid).map(|p| p.0.clone())
-        } else {
-            self.pending_py.remove(&call.tid).map(|p| p.0)
-        };
+        let text = take_own(&mut self.pending_py, call, ts_ns, |p| p.ts_ns).map(|p| p.text);
         if self.cfg.observer.is_some() {
             // The agent shows Python frames in the C stacks only (mixed): no column to fill,
             // and no marker text to make for each call of the node's processes.
@@ -64,28 +58,92 @@ impl Session {
         Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
     }
 
-    /// Pairs a call with the stack sample BPF sent just before it on the same thread.
-    pub(super) fn stack_job(&mut self, ev: &Decoded) -> Option<(u64, Option<Arc<str>>)> {
+    /// Pairs a call with the stack sample BPF sent for it (same thread, same `ts_ns`).
+    pub(super) fn stack_job(
+        &mut self,
+        ev: &Decoded,
+        ts_ns: u64,
+    ) -> Option<(u64, Option<Arc<str>>)> {
         let Decoded::Call(call) = ev else { return None };
         let resolver = self.stacks.as_mut()?;
+        let sample = take_own(&mut self.pending_stacks, call, ts_ns, |s| s.ts_ns)?;
         if let Some(obs) = &mut self.cfg.observer
             && !obs.wants_stack(call)
         {
-            self.pending_stacks.remove(&call.tid);
             return None;
         }
-        // The chunks of one batch share the sample sent before the first of them.
-        let batch = matches!(
-            call.call,
-            Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
-        );
-        let sample = if batch {
-            self.pending_stacks.get(&call.tid).cloned()
-        } else {
-            self.pending_stacks.remove(&call.tid)
-        }?;
         // Before `python_stack_of` takes the Python sample of the same call.
-        let python = self.pending_py.get(&call.tid).and_then(|p| p.1.clone());
+        let python = self
+            .pending_py
+            .get(&call.tid)
+            .filter(|p| p.ts_ns == ts_ns)
+            .and_then(|p| p.frames.clone());
         Some((resolver.submit(sample, call.at_return, python), None))
+    }
+}
+
+/// The sample waiting for thread `call.tid` if it was taken for this call (dated `ts_ns`, as
+/// its record is); a sample of a later call stays for it. Calls of one thread can arrive out
+/// of order: the node agent batches unsampled calls per CPU, and a batch sent from another
+/// CPU can come between a sample and its call. The chunks of one mstx batch share the
+/// sample sent before the first of them (and its date), so they leave it in place.
+fn take_own<T: Clone>(
+    pending: &mut HashMap<u32, T, AddrHash>,
+    call: &CallEvent,
+    ts_ns: u64,
+    date: impl Fn(&T) -> u64,
+) -> Option<T> {
+    let own = pending.get(&call.tid).is_some_and(|s| date(s) == ts_ns);
+    if !own {
+        return None;
+    }
+    if matches!(
+        call.call,
+        Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
+    ) {
+        pending.get(&call.tid).cloned()
+    } else {
+        pending.remove(&call.tid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(tid: u32, call: Call) -> CallEvent {
+        CallEvent {
+            pid: 1,
+            tid,
+            ts_mono: 0,
+            call,
+            at_return: true,
+        }
+    }
+
+    #[test]
+    fn a_sample_goes_to_its_own_call_only() {
+        let free = |tid| call(tid, Call::HalFree { addr: 0x10, ret: 0 });
+        let mut pending: HashMap<u32, u64, AddrHash> = HashMap::default();
+        // The sample of thread 7's call dated 200 came before a call dated 100 of the same
+        // thread (a batch sent from another CPU in between): that one takes nothing.
+        pending.insert(7, 200);
+        assert_eq!(take_own(&mut pending, &free(7), 100, |d| *d), None);
+        assert_eq!(take_own(&mut pending, &free(8), 200, |d| *d), None);
+        assert_eq!(take_own(&mut pending, &free(7), 200, |d| *d), Some(200));
+        assert!(pending.is_empty(), "taken once");
+        // The chunks of an mstx batch share their sample.
+        pending.insert(7, 300);
+        let chunk = call(
+            7,
+            Call::RegionsRegister {
+                domain: 0,
+                regions: Vec::new(),
+                first: 0,
+                total: 0,
+            },
+        );
+        assert_eq!(take_own(&mut pending, &chunk, 300, |d| *d), Some(300));
+        assert_eq!(take_own(&mut pending, &chunk, 300, |d| *d), Some(300));
     }
 }

@@ -124,8 +124,14 @@ impl reorder::Ordered for Pending {
     }
 }
 
-/// A Python stack waiting for its call: its text, and its frames for the mixed view.
-type PendingPython = (Arc<str>, Option<Arc<PyStack>>);
+/// A Python stack waiting for its call: the call's `ts_ns`, the stack's text, and its frames
+/// for the mixed view.
+#[derive(Clone)]
+struct PendingPython {
+    ts_ns: u64,
+    text: Arc<str>,
+    frames: Option<Arc<PyStack>>,
+}
 
 struct Traced {
     state: ProcessState,
@@ -152,8 +158,8 @@ pub struct Session {
     pending_stacks: HashMap<u32, StackSample, AddrHash>,
     /// `--call-stack=python`: processes' interpreters and code objects.
     python: Option<PyStacks>,
-    /// Thread -> the Python stack BPF sent just before its next call (already resolved; the
-    /// frames too for the mixed view).
+    /// Thread -> the Python stack BPF sent for one of its calls (already resolved; the
+    /// frames too for the mixed view), until that call comes.
     pending_py: HashMap<u32, PendingPython, AddrHash>,
     /// The process `configure_python(pid, false)` last looked at (see there).
     python_checked: Option<u32>,

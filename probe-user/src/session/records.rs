@@ -1,7 +1,7 @@
 //! One ring-buffer record at a time: Python and C stack samples wait for their call; a call
 //! record is decoded, ordered and, when its process is traced, applied to its state.
 
-use super::{Pending, Session, clock_ns};
+use super::{Pending, PendingPython, Session, clock_ns};
 use crate::events::decode::{Call, CallEvent, Decoded};
 use crate::events::{decode, pystacks, stacks};
 use crate::log;
@@ -19,7 +19,12 @@ impl Session {
                 let stack = py.resolve(&sample);
                 let text = Arc::from(stack.text());
                 let frames = self.cfg.mixed.then(|| Arc::new(stack));
-                self.pending_py.insert(sample.tid, (text, frames));
+                let pending = PendingPython {
+                    ts_ns: sample.ts_ns,
+                    text,
+                    frames,
+                };
+                self.pending_py.insert(sample.tid, pending);
             }
             return Ok(());
         }
@@ -137,8 +142,8 @@ impl Session {
                     if let (Some(obs), Decoded::Call(c)) = (&mut self.cfg.observer, &ev) {
                         obs.received(c.pid);
                     }
-                    let stack = self.stack_job(&ev);
-                    let py_stack = self.python_stack_of(&ev);
+                    let stack = self.stack_job(&ev, raw.ts_ns);
+                    let py_stack = self.python_stack_of(&ev, raw.ts_ns);
                     self.reorder.push(Pending {
                         ts: ev.ts_mono(),
                         seq: self.seq,
