@@ -90,14 +90,23 @@ pub struct Shared {
     pub lost: AtomicU64,
 }
 
+/// One device's exact counters in a process.
+#[derive(Default)]
+struct DeviceCounters {
+    /// Live bytes, kept from every MALLOC and FREE row.
+    live: u64,
+    /// Their highest value (None: no allocation and no live block seen on the device yet).
+    peak: Option<u64>,
+    /// Bytes of every allocation (None: none yet).
+    allocated: Option<u64>,
+}
+
 /// Per-process counters kept between snapshots (by device key: no device name is made per
 /// event).
 struct Tracked {
     comm: String,
-    allocated_bytes: BTreeMap<DeviceKey, u64>,
-    /// Live bytes per device, kept from every MALLOC and FREE row, and their highest value.
-    live_total: BTreeMap<DeviceKey, u64>,
-    peak: BTreeMap<DeviceKey, u64>,
+    /// Per device: one map lookup per MALLOC or FREE row.
+    devices: BTreeMap<DeviceKey, DeviceCounters>,
     alloc_by_stack: HashMap<Arc<str>, (f64, f64)>,
 }
 
@@ -158,8 +167,8 @@ impl AgentObserver {
             }
         });
         for (dev, bytes) in device_total {
-            let p = t.peak.entry(dev).or_default();
-            *p = (*p).max(bytes);
+            let d = t.devices.entry(dev).or_default();
+            d.peak = Some(d.peak.unwrap_or(0).max(bytes));
         }
         for (stack, (objects, bytes)) in &t.alloc_by_stack {
             let e = heap.entry(stack.clone()).or_default();
@@ -173,11 +182,11 @@ impl AgentObserver {
             exited: None,
             step,
             live,
-            peak: by_name(&t.peak),
+            peak: by_name(&t.devices, |d| d.peak),
             suspects,
             allocations: s.mallocs + s.creates + s.pool_mallocs,
             frees: s.frees + s.releases + s.pool_frees,
-            allocated_bytes: by_name(&t.allocated_bytes),
+            allocated_bytes: by_name(&t.devices, |d| d.allocated),
             heap,
         }
     }
@@ -216,19 +225,20 @@ fn tracked_entry<'a>(
         ));
         Tracked {
             comm,
-            allocated_bytes: BTreeMap::new(),
-            live_total: BTreeMap::new(),
-            peak: BTreeMap::new(),
+            devices: BTreeMap::new(),
             alloc_by_stack: HashMap::new(),
         }
     })
 }
 
 /// Per device name, as the snapshot shows them.
-fn by_name(per_device: &BTreeMap<DeviceKey, u64>) -> BTreeMap<String, u64> {
-    per_device
+fn by_name(
+    devices: &BTreeMap<DeviceKey, DeviceCounters>,
+    value: impl Fn(&DeviceCounters) -> Option<u64>,
+) -> BTreeMap<String, u64> {
+    devices
         .iter()
-        .map(|(d, v)| (d.to_string(), *v))
+        .filter_map(|(d, c)| Some((d.to_string(), value(c)?)))
         .collect()
 }
 
@@ -289,15 +299,14 @@ impl Observer for AgentObserver {
             let Some(size) = attr_size(&r.attr) else {
                 continue;
             };
-            let total = t.live_total.entry(r.device).or_default();
+            let d = t.devices.entry(r.device).or_default();
             if !is_malloc {
-                *total = total.saturating_sub(size);
+                d.live = d.live.saturating_sub(size);
                 continue;
             }
-            *total += size;
-            let peak = t.peak.entry(r.device).or_default();
-            *peak = (*peak).max(*total);
-            *t.allocated_bytes.entry(r.device).or_default() += size;
+            d.live += size;
+            d.peak = Some(d.peak.unwrap_or(0).max(d.live));
+            d.allocated = Some(d.allocated.unwrap_or(0) + size);
             let sampled = match &r.c_stack {
                 Some(_) => &shared.counters.sampled_stacks,
                 None => &shared.counters.unsampled_allocations,
