@@ -16,7 +16,7 @@ mod values;
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
@@ -26,13 +26,11 @@ use crate::settings::*;
 pub use args::Options;
 use args::{Cli, Sub};
 pub use types::*;
-use values::{List, lexical_absolute, shown, shown_os};
+use values::{List, shown, shown_os};
 
-/// The clap command, with option values allowed to start with '-': a required value is taken
-/// from the next argument whatever it looks like, as getopt does (`--events -v` is an error
-/// about "-v", not a missing value). The program's positional keeps clap's default, so that an
-/// unknown option is an error instead of a program name. Defaults and choices are in the help
-/// texts themselves.
+/// The clap command. An option's value is the next argument whatever it looks like, as with
+/// getopt (`--events -v` is an error about "-v"); the program's positional keeps clap's default,
+/// so that an unknown option is an error, not a program. The help texts state the defaults.
 fn command() -> clap::Command {
     let tune = |a: clap::Arg| match a.get_action().takes_values() {
         true => {
@@ -48,10 +46,7 @@ fn command() -> clap::Command {
         .mut_subcommands(|s| s.mut_args(tune))
 }
 
-/// Parse the command line. `args[0]` is the program name.
-///
-/// Returns `Err` with `exit_code` 0 for `--help`/`--version` (the text goes to stdout) and with
-/// `exit_code` 2 for usage errors.
+/// Parse the command line (`args[0]` is the program name).
 pub fn parse_from<I, T>(args: I) -> Result<Options, CliError>
 where
     I: IntoIterator<Item = T>,
@@ -94,25 +89,16 @@ where
                     "report needs the run to draw: report --input-path=RUN_DIR|DUMP",
                 ));
             };
-            let mut formats = r.format.unwrap_or(crate::report::Formats {
-                html: true,
-                ..Default::default()
-            });
+            let mut formats = r.format;
             formats.perfetto |= r.perfetto;
             if inputs.len() == 2 && !formats.html {
                 return Err(CliError::usage(
                     "two runs are compared in the HTML report: add html to --format",
                 ));
             }
-            let output = match r.output_path {
-                Some(p) => p,
-                None => {
-                    lexical_absolute(Path::new("memscope_report.html"), &values::current_dir()?)
-                }
-            };
             let request = crate::report::ReportRequest {
                 inputs,
-                output,
+                output: r.output_path,
                 formats,
             };
             (Mode::Report { request }, None, r.log)

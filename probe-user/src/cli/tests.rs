@@ -1,11 +1,12 @@
 //! Unit tests of the command line: every option, alias, list form and error message.
 
 use super::values::{check_output_dir, parse_c_number, parse_decimal, parse_watch};
-use super::values::{split_list, split_list_os};
+use super::values::{lexical_absolute, split_list, split_list_os};
 use super::*;
 use crate::offline::MAX_COMPARE_INPUT_BYTES;
 use crate::output::config_json::{config_json, json_escape};
 use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn parse(args: &[&str]) -> Result<Options, CliError> {
