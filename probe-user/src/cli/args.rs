@@ -217,7 +217,7 @@ pub struct Options {
     /// op START until op END (the comma before END is required)
     #[arg(long, value_name = "SPEC", help_heading = "WHAT TO COLLECT",
         value_parser = Check(v::watch), verbatim_doc_comment)]
-    pub watch: Option<String>,
+    pub watch: Option<WatchConfig>,
 
     /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
     #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT",

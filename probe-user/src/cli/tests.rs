@@ -1303,9 +1303,8 @@ fn analysis_errors() {
 #[test]
 fn watch_parsing() {
     let o = launch(&["--watch=opA:2,opB,full-content"]);
-    assert_eq!(o.watch.as_deref(), Some("opA:2,opB,full-content"));
     assert_eq!(
-        o.watch_config(),
+        o.watch,
         Some(WatchConfig {
             start: Some("opA".into()),
             output_id: Some(2),

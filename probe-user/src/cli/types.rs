@@ -1,13 +1,9 @@
-//! The mode, the usage error, and the limits the value parsers check ([`Options`] itself is
+//! The mode, the usage error, and the limits the value parsers check (`Options` itself is
 //! declared with its options in `args.rs`). Nothing here parses.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
-
-use super::Options;
-use super::values::parse_watch;
-use crate::settings::*;
 
 /// Name used in messages, usage lines and `--version`.
 pub const PROGRAM_NAME: &str = "memscope-bpf";
@@ -49,13 +45,6 @@ pub enum Mode {
     },
     /// `agent`: serve the node's live memory state (Prometheus, pprof).
     Agent(crate::agent::options::AgentOptions),
-}
-
-impl Options {
-    /// The parsed `--watch` value, if any.
-    pub fn watch_config(&self) -> Option<WatchConfig> {
-        self.watch.as_deref().and_then(|w| parse_watch(w).ok())
-    }
 }
 
 /// A parse outcome that ends the program: usage errors (exit 2) or help/version text (exit 0).

@@ -369,9 +369,8 @@ pub fn parse_watch(value: &str) -> Parsed<WatchConfig> {
     })
 }
 
-pub fn watch(opt: &str, v: &OsStr) -> Parsed<String> {
-    let v = utf8(opt, v)?;
-    parse_watch(v).map(|_| v.to_owned())
+pub fn watch(opt: &str, v: &OsStr) -> Parsed<WatchConfig> {
+    parse_watch(utf8(opt, v)?)
 }
 
 pub fn pid(opt: &str, v: &OsStr) -> Parsed<u32> {
