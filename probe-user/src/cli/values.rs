@@ -324,29 +324,26 @@ fn too_long(opt: &str, v: &OsStr, max: usize) -> Parsed<()> {
 pub fn parse_watch(value: &str) -> Parsed<WatchConfig> {
     const EXPECTED: &str = "invalid watch config, expected [START[:OUTID]],END[,full-content] \
                             (the comma before END is required; OUTID needs a START)";
-    let bad = |why: &str| Err(invalid("--watch", value, &format!("{why}; {EXPECTED}")));
+    let bad = |why: &str| invalid("--watch", value, &format!("{why}; {EXPECTED}"));
     let Some((start_part, rest)) = value.split_once(',') else {
-        return bad("missing ','");
+        return Err(bad("missing ','"));
     };
     let (end, full_content) = match rest.split_once(',') {
         None => (rest, false),
         Some((e, "full-content")) => (e, true),
-        Some((_, t)) => return bad(&format!("unexpected '{}' after END", shown(t))),
+        Some((_, t)) => return Err(bad(&format!("unexpected '{}' after END", shown(t)))),
     };
     if end.is_empty() {
-        return bad("END is empty");
+        return Err(bad("END is empty"));
     }
     let (start, output_id) = match start_part.split_once(':') {
-        Some(("", _)) => return bad("an OUTID needs a START name"),
-        Some((s, id)) => match parse_decimal(id, true) {
-            Some(id) => (Some(s), Some(id)),
-            None => {
-                return bad(&format!(
-                    "OUTID '{}' is not an unsigned 32-bit integer without leading zeros",
-                    shown(id)
-                ));
-            }
-        },
+        Some(("", _)) => return Err(bad("an OUTID needs a START name")),
+        Some((s, id)) => {
+            let why = "is not an unsigned 32-bit integer without leading zeros";
+            let id = parse_decimal(id, true)
+                .ok_or_else(|| bad(&format!("OUTID '{}' {why}", shown(id))))?;
+            (Some(s), Some(id))
+        }
         None => (Some(start_part).filter(|s| !s.is_empty()), None),
     };
     if let Some(name) = start
@@ -355,9 +352,8 @@ pub fn parse_watch(value: &str) -> Parsed<WatchConfig> {
         .find(|n| n.len() > MAX_WATCH_NAME_LEN)
     {
         let name = shown(&name.chars().take(32).collect::<String>());
-        return bad(&format!(
-            "the name '{name}...' is longer than {MAX_WATCH_NAME_LEN} bytes"
-        ));
+        let why = format!("the name '{name}...' is longer than {MAX_WATCH_NAME_LEN} bytes");
+        return Err(bad(&why));
     }
     let start = start.map(str::to_owned);
     let end = end.to_owned();
@@ -442,15 +438,13 @@ pub fn analysis(opt: &str, v: &OsStr) -> Parsed<AnalysisSet> {
     let mut top_k = None;
     for t in tokens.iter_mut() {
         if let Some(k) = t.strip_prefix("oom:") {
+            let why = format!(
+                "invalid OOM top-K value '{}', expected an integer from 1 to {MAX_OOM_TOP_K} \
+                 without leading zeros",
+                shown(k)
+            );
             let k = parse_decimal(k, false).filter(|k| (1..=MAX_OOM_TOP_K).contains(k));
-            top_k = Some(k.ok_or_else(|| {
-                CliError::usage(format!(
-                    "invalid {opt} value '{}': invalid OOM top-K value '{}', expected an \
-                     integer from 1 to {MAX_OOM_TOP_K} without leading zeros",
-                    shown(t),
-                    shown(&t[4..])
-                ))
-            })?);
+            top_k = Some(k.ok_or_else(|| invalid(opt, t, &why))?);
             *t = "oom";
         }
     }
