@@ -113,6 +113,8 @@ pub struct Bpf {
     scoped_requests: Vec<ScopedRequest>,
     /// Multi-uprobe links of each process in scope (`Scope::Traced`).
     process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
+    /// Threads closing links of processes that left; joined before the tracer exits.
+    unlinking: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
@@ -180,6 +182,7 @@ impl Bpf {
             links: Vec::new(),
             scoped_requests: Vec::new(),
             process_links: Default::default(),
+            unlinking: Vec::new(),
         };
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
@@ -280,8 +283,7 @@ impl Bpf {
     /// Removes every uprobe now (multi-uprobe links closed, perf links detached), waiting
     /// for the kernel's teardown; the rest stays loaded. Benchmarks time this.
     pub fn detach_uprobes(&mut self) {
-        self.links.clear();
-        self.process_links.clear();
+        self.close_links();
         self.scoped_requests.clear();
         for prog in UPROBE_PROGRAMS {
             if let Ok(up) = program(&mut self.ebpf, prog)
@@ -499,14 +501,13 @@ impl Bpf {
     }
 
     /// Drops the probes of process `pid` (`Scope::Traced`): it exited, or we detach from it.
+    /// Closing a link waits for a grace period, so it happens on other threads; a process we
+    /// detach from has its breakpoints back out once [`Bpf::close_links`] has joined them.
     pub fn drop_process_probes(&mut self, pid: u32) {
-        if let Some(links) = self.process_links.remove(&pid)
-            && !links.is_empty()
-        {
-            // Closing a link waits for a grace period; nobody needs to wait for it here.
-            let _ = std::thread::Builder::new()
-                .name("unlink".into())
-                .spawn(move || drop(links));
+        self.unlinking.retain(|t| !t.is_finished());
+        if let Some(links) = self.process_links.remove(&pid) {
+            self.unlinking
+                .extend(links.into_iter().filter_map(close_in_background));
         }
     }
 
@@ -617,14 +618,37 @@ impl Bpf {
         }
     }
 
-    /// Hands the teardown of every probe to a background process and returns at once.
+    /// Closes every multi-uprobe link and waits until all are closed, those of processes that
+    /// left included: their breakpoints are then out of every process. One thread per link,
+    /// so that the grace periods the kernel waits for overlap (~one in all, not one per link).
+    fn close_links(&mut self) {
+        let started = std::time::Instant::now();
+        let mut links = std::mem::take(&mut self.links);
+        links.extend(self.process_links.drain().flat_map(|(_, links)| links));
+        let count = links.len() + self.unlinking.len();
+        self.unlinking
+            .extend(links.into_iter().filter_map(close_in_background));
+        for thread in self.unlinking.drain(..) {
+            let _ = thread.join();
+        }
+        if count > 0 {
+            crate::log::debug(&format!(
+                "{count} multi-uprobe link(s) closed in {:.0} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+    }
+
+    /// Releases every probe at the tracer's end; call it last, once all output is written
+    /// (nothing is traced any more: the traced set is empty by then).
     ///
-    /// The kernel unregisters uprobes one at a time, waiting for a grace period each (~0.1 s
-    /// here), so detaching a few dozen takes seconds. A forked child keeps its copies of the
-    /// link descriptors until this process has exited, then exits itself, dropping the last
-    /// references: the slow work happens after the caller is gone. Call it last, once all
-    /// output is written; nothing is traced any more (the traced set is empty by then).
-    pub fn detach_in_background(self) {
+    /// Multi-uprobe links are closed before this returns (`close_links`), so no breakpoint of
+    /// theirs outlives the tracer. Perf links cost a grace period each (~0.1 s here), so
+    /// detaching a few dozen takes seconds: a forked child keeps copies of their descriptors
+    /// until this process has exited, then exits itself, and that slow work happens after the
+    /// caller is gone.
+    pub fn detach_in_background(mut self) {
+        self.close_links();
         let mut fds = [0; 2];
         // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
         unsafe {
@@ -652,6 +676,20 @@ impl Bpf {
         // The parent's descriptors close at exit, cheaply: the child still holds them.
         std::mem::forget(self);
     }
+}
+
+impl Drop for Bpf {
+    fn drop(&mut self) {
+        self.close_links();
+    }
+}
+
+/// Closes `link` on a thread of its own (`None`: no thread could be made, and it is closed here).
+fn close_in_background(link: std::os::fd::OwnedFd) -> Option<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("unlink".into())
+        .spawn(move || drop(link))
+        .ok()
 }
 
 const UPROBE_PROGRAMS: [&str; 7] = [
