@@ -30,6 +30,7 @@ use crate::trace::launch;
 use crate::trace::target::process_alive;
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
+use probe_common::RawEvent;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -366,8 +367,10 @@ impl Session {
 
     fn drain(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
         while let Some(item) = ring.next() {
-            if let Some(calls) = decode::batch_calls(&item) {
-                for raw in calls {
+            if let Some(mut calls) = decode::batch_calls(&item) {
+                // One event for the whole batch: each call overwrites what it has.
+                let mut raw = RawEvent::zeroed();
+                while calls.next_into(&mut raw) {
                     self.handle_raw(&raw)?;
                 }
                 continue;
