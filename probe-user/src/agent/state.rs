@@ -119,6 +119,8 @@ pub struct AgentObserver {
     keep_exited: Duration,
     max_exited: usize,
     tracked: HashMap<u32, Tracked, AddrHash>,
+    /// The pid `received` last made sure of.
+    last_received: Option<u32>,
     other: Arc<str>,
 }
 
@@ -133,6 +135,7 @@ impl AgentObserver {
             keep_exited: opts.keep_exited,
             max_exited: opts.max_exited,
             tracked: HashMap::default(),
+            last_received: None,
             other: Arc::from(OTHER_STACKS),
         }
     }
@@ -273,7 +276,11 @@ fn attr_size(attr: &str) -> Option<u64> {
 impl Observer for AgentObserver {
     fn received(&mut self, pid: u32) {
         // Its name, while it lives (a short job may be gone by the time its events apply).
-        self.tracked(pid);
+        // Calls come in runs from one process: one lookup per run.
+        if self.last_received != Some(pid) {
+            self.tracked(pid);
+            self.last_received = Some(pid);
+        }
     }
 
     fn wants_stack(&mut self, call: &CallEvent) -> bool {
@@ -351,6 +358,9 @@ impl Observer for AgentObserver {
         let mut s = self.snapshot(state);
         s.exited = Some(Instant::now());
         self.tracked.remove(&state.pid);
+        if self.last_received == Some(state.pid) {
+            self.last_received = None;
+        }
         let live: u64 = s.live.values().map(|a| a.bytes).sum();
         let blocks: u64 = s.live.values().map(|a| a.blocks).sum();
         let suspects: u64 = s.suspects.values().map(|a| a.blocks).sum();
