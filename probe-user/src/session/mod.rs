@@ -224,12 +224,14 @@ impl Session {
                 guard = ring.readable_mut() => {
                     let mut guard = guard?;
                     self.drain(guard.get_inner_mut())?;
+                    self.plan_later(guard.get_inner_mut())?;
                     guard.clear_ready();
                     self.release(false)?;
                 }
                 _ = flush_tick.tick() => {
                     self.flush_batches();
                     self.drain(ring.get_mut())?;
+                    self.plan_later(ring.get_mut())?;
                     self.release(false)?;
                 }
                 _ = tick.tick() => {
@@ -373,6 +375,19 @@ impl Session {
             }
             self.handle_record(&item)?;
         }
+        Ok(())
+    }
+
+    /// Plans what the planner left for later (a directory's other shared objects, queued at a
+    /// stop) a few objects at a time, reading the ring between: a process stopped meanwhile
+    /// (it opened one of them before its turn) waits for a few objects, not for all.
+    fn plan_later(&mut self, ring: &mut RingBuf<MapData>) -> Result<()> {
+        const OBJECTS_PER_SLICE: usize = 8;
+        while self.planner.has_later() {
+            self.planner.plan_later(&mut self.bpf, OBJECTS_PER_SLICE)?;
+            self.drain(ring)?;
+        }
+        self.print_planner_messages();
         Ok(())
     }
 

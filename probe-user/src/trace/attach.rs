@@ -49,6 +49,11 @@ pub struct Planner {
     needed_seen: HashSet<String>,
     /// Directories whose shared objects were all planned at a stop (`plan_siblings`).
     planned_dirs: HashSet<PathBuf>,
+    /// Objects to plan once the stopped process runs again, as (host path, path as the
+    /// target names it): a directory's siblings (`plan_later`).
+    later: VecDeque<(PathBuf, PathBuf)>,
+    /// When the oldest object still in `later` was queued (for the debug line).
+    later_since: Option<Instant>,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
@@ -80,6 +85,8 @@ impl Planner {
             seen_paths: HashSet::new(),
             needed_seen: HashSet::new(),
             planned_dirs: HashSet::new(),
+            later: VecDeque::new(),
+            later_since: None,
             elf_cache: HashMap::new(),
             warned: HashSet::new(),
             ld_cache: None,
@@ -188,37 +195,64 @@ impl Planner {
             self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
         }
         if first_time {
-            self.plan_siblings(bpf, &full, path)?;
+            self.plan_siblings(&full, path);
         }
         Ok(())
     }
 
     /// A program that opens one unplanned shared object of a directory (a plugin or
     /// extension directory) often opens its siblings next, each a stop of its own in launch
-    /// mode: the directory's shared objects are planned at the first one, when it holds at
-    /// most `MAX_SIBLINGS` (a system library directory with thousands is left alone).
-    fn plan_siblings(&mut self, bpf: &mut Bpf, full: &Path, shown: &Path) -> Result<()> {
+    /// mode: the directory's shared objects are queued at the first one, when it holds at
+    /// most `MAX_SIBLINGS` (a system library directory with thousands is left alone), and
+    /// planned by `plan_later` while the process runs on: one it opens before its turn stops
+    /// it as before, since a path is marked planned only once its probes are in place.
+    fn plan_siblings(&mut self, full: &Path, shown: &Path) {
         const MAX_SIBLINGS: usize = 256;
         let (Some(dir), Some(shown_dir)) = (full.parent(), shown.parent()) else {
-            return Ok(());
+            return;
         };
         if !self.planned_dirs.insert(dir.to_path_buf()) {
-            return Ok(());
+            return;
         }
         let Ok(entries) = fs::read_dir(dir) else {
-            return Ok(());
+            return;
         };
-        let names: Vec<std::ffi::OsString> = entries
+        let mut names: Vec<std::ffi::OsString> = entries
             .flatten()
             .map(|e| e.file_name())
             .filter(|n| memchr_so(n.as_bytes()))
             .take(MAX_SIBLINGS + 1)
             .collect();
         if names.len() > MAX_SIBLINGS {
-            return Ok(());
+            return;
         }
-        for name in names {
-            self.consider(bpf, &dir.join(&name), &shown_dir.join(&name), false)?;
+        // In name order, the order a program loading "every plugin" usually goes in.
+        names.sort();
+        self.later_since.get_or_insert_with(Instant::now);
+        self.later.extend(
+            names
+                .into_iter()
+                .map(|name| (dir.join(&name), shown_dir.join(&name))),
+        );
+    }
+
+    /// Whether objects wait for `plan_later`.
+    pub fn has_later(&self) -> bool {
+        !self.later.is_empty()
+    }
+
+    /// Plans up to `count` of the objects queued for later.
+    pub fn plan_later(&mut self, bpf: &mut Bpf, count: usize) -> Result<()> {
+        for _ in 0..count {
+            let Some((host, shown)) = self.later.pop_front() else {
+                break;
+            };
+            self.consider(bpf, &host, &shown, false)?;
+        }
+        if self.later.is_empty()
+            && let Some(since) = self.later_since.take()
+        {
+            self.said_how_long(since, "a directory's objects in the background");
         }
         Ok(())
     }
@@ -431,8 +465,22 @@ impl Planner {
         }
     }
 
-    /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`).
+    /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`),
+    /// then marks `shown` planned: opening it needs no stop from then on (launch mode), so
+    /// the mark comes only once its probes are in place (the process may be running).
     pub fn consider(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        explicit: bool,
+    ) -> Result<()> {
+        let attached = self.attach_object(bpf, host, shown, explicit);
+        bpf.mark_known_path(shown.as_os_str().as_bytes());
+        attached
+    }
+
+    fn attach_object(
         &mut self,
         bpf: &mut Bpf,
         host: &Path,
@@ -441,8 +489,6 @@ impl Planner {
     ) -> Result<()> {
         self.load_specs(bpf)?;
         self.seen_paths.insert(host.to_path_buf());
-        // Opening this path later needs no stop: it has been planned (launch mode).
-        bpf.mark_known_path(shown.as_os_str().as_bytes());
         let meta = match fs::metadata(host) {
             Ok(m) => m,
             Err(e) => {
