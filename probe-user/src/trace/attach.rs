@@ -13,6 +13,7 @@
 //! and torch_npu.
 
 mod files;
+mod lookups;
 mod vendor;
 
 pub use files::TargetEnv;
@@ -55,6 +56,8 @@ pub struct Planner {
     /// When the oldest object still in `later` was queued (for the debug line).
     later_since: Option<Instant>,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
+    /// What was read of each object, remembered across runs (on disk).
+    lookups: lookups::LookupCache,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
     ld_cache: Option<HashMap<String, PathBuf>>,
@@ -88,6 +91,7 @@ impl Planner {
             later: VecDeque::new(),
             later_since: None,
             elf_cache: HashMap::new(),
+            lookups: lookups::LookupCache::new(&planner_lookup(Path::new(""))),
             warned: HashSet::new(),
             ld_cache: None,
             attached: Vec::new(),
@@ -135,9 +139,12 @@ impl Planner {
     /// For `--log-level=debug`: what planning took, and how many objects it read so far.
     fn said_how_long(&mut self, started: Instant, what: &str) {
         self.debug.push(format!(
-            "planned {what} in {:.1} ms ({} objects read in all)",
+            "planned {what} in {:.1} ms ({} objects known in all; {} found in the ELF lookup \
+             cache, {} read)",
             started.elapsed().as_secs_f64() * 1e3,
-            self.elf_cache.len()
+            self.elf_cache.len(),
+            self.lookups.hits,
+            self.lookups.misses
         ));
     }
 
@@ -185,6 +192,11 @@ impl Planner {
             PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
         };
         let first_time = !self.seen_paths.contains(&full);
+        // A process that opens a queued object before its turn is ahead of the queue: go on
+        // from there (it likely opens the next ones next), the skipped ones last.
+        if let Some(at) = self.later.iter().position(|(host, _)| *host == full) {
+            self.later.rotate_left(at + 1);
+        }
         self.consider(bpf, &full, path, false)?;
         // The loader opens its dependencies next, and each unplanned one would stop the
         // process again (launch mode): plan them while it is held for this one.
@@ -502,7 +514,7 @@ impl Planner {
         if !meta.is_file() || !self.seen_inodes.insert((meta.dev(), meta.ino())) {
             return Ok(());
         }
-        let obj = match self.parse_or_error(host) {
+        let obj = match self.parse_with(host, &meta) {
             Ok(o) => o,
             Err(e) => {
                 if explicit {
