@@ -322,3 +322,96 @@ fn cookie_bits_above_the_probe_id_leave_the_probe_unchanged_and_reach_user_space
     assert!(!gt.marks.is_empty());
     assert_eq!(marks, vec![5; gt.marks.len()]);
 }
+
+/// Attaches with `--pid` (and `scope` in `MEMSCOPE_BPF_SCOPE`) to a running workload next to
+/// an untraced one, stops the tracer with SIGINT once it traced some calls, and reads
+/// halMemAlloc's code in both the moment the tracer has exited. Returns whether each still
+/// differs from the file (a breakpoint left behind) in (the formerly traced, the untraced).
+fn breakpoints_right_after_detach(name: &str, scope: Option<&str>) -> (bool, bool) {
+    let dir = scratch(name);
+    let out_dir = dir.join("out");
+    let stop = dir.join("stop");
+    let spawn_loop = |log: &Path| {
+        Command::new(bin("workload"))
+            .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
+            .args(["--log", log.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (log, neighbour_log) = (dir.join("gt.log"), dir.join("neighbour.log"));
+    let mut target = spawn_loop(&log);
+    let mut neighbour = spawn_loop(&neighbour_log);
+    wait_for_text(&log, "FREE", 30);
+    wait_for_text(&neighbour_log, "FREE", 30);
+    let stderr_path = dir.join("tracer.stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memscope-bpf"));
+    cmd.args([
+        "--pid",
+        &target.id().to_string(),
+        "-o",
+        out_dir.to_str().unwrap(),
+    ])
+    .env_remove("MEMSCOPE_BPF_DETACH")
+    .stdout(Stdio::null())
+    .stderr(fs::File::create(&stderr_path).unwrap());
+    match scope {
+        Some(s) => cmd.env("MEMSCOPE_BPF_SCOPE", s),
+        None => cmd.env_remove("MEMSCOPE_BPF_SCOPE"),
+    };
+    let mut tracer = cmd.spawn().unwrap();
+    wait_for_text(&stderr_path, "attached to pid", 90);
+    let (mem, disk) = code_in_memory_and_on_disk(target.id(), &hal_library(), "halMemAlloc");
+    assert_ne!(
+        mem, disk,
+        "no breakpoint in the traced process while attached"
+    );
+    // Some calls traced: the loop frees a block every few milliseconds.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let status = tracer.wait().unwrap();
+    let (traced_mem, traced_disk) =
+        code_in_memory_and_on_disk(target.id(), &hal_library(), "halMemAlloc");
+    let (other_mem, other_disk) =
+        code_in_memory_and_on_disk(neighbour.id(), &hal_library(), "halMemAlloc");
+    fs::write(&stop, b"").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert!(neighbour.wait().unwrap().success());
+    let stderr = fs::read_to_string(&stderr_path).unwrap();
+    // Ended by SIGINT: 128 + 2.
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    // What it traced is real: each allocation row is one the workload logged.
+    let gt = parse_log(&log);
+    let rows = memory_rows(&rows_of(&out_dir, gt.pid), "MALLOC");
+    let logged = gt_rows(&gt, &["MALLOC"]);
+    assert!(!rows.is_empty(), "no allocation traced: {stderr}");
+    assert!(
+        rows.iter().all(|r| logged.contains(r)),
+        "rows not in the log"
+    );
+    assert!(process_dir(&out_dir, neighbour.id()).is_none());
+    (traced_mem != traced_disk, other_mem != other_disk)
+}
+
+#[test]
+fn no_breakpoint_outlives_the_tracer() {
+    if !require_root("no_breakpoint_outlives_the_tracer") {
+        return;
+    }
+    let _serial = serial();
+    // Probes scoped to the traced process: its code is back as on disk when the tracer exits.
+    let (traced, untraced) = breakpoints_right_after_detach("detach-traced", None);
+    assert_eq!(
+        (traced, untraced),
+        (false, false),
+        "breakpoints left after the tracer exited (traced, untraced)"
+    );
+    // System-wide probes were in the neighbour too; they are gone as well.
+    let (traced, untraced) = breakpoints_right_after_detach("detach-system", Some("system"));
+    assert_eq!(
+        (traced, untraced),
+        (false, false),
+        "system-wide: breakpoints left after the tracer exited (traced, untraced)"
+    );
+}

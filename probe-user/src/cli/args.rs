@@ -217,7 +217,7 @@ pub struct Options {
     /// op START until op END (the comma before END is required)
     #[arg(long, value_name = "SPEC", help_heading = "WHAT TO COLLECT",
         value_parser = Check(v::watch), verbatim_doc_comment)]
-    pub watch: Option<String>,
+    pub watch: Option<WatchConfig>,
 
     /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
     #[arg(long, value_name = "N", help_heading = "WHAT TO COLLECT",
@@ -362,16 +362,17 @@ pub struct ReportArgs {
     /// The HTML file [default: ./memscope_report.html]; other
     /// formats are written beside it, named after it
     #[arg(short, long, alias = "output", value_name = "FILE", value_parser = Check(v::output_file),
-        verbatim_doc_comment)]
-    pub output_path: Option<PathBuf>,
+        default_value = "memscope_report.html", verbatim_doc_comment)]
+    pub output_path: PathBuf,
 
     /// html | perfetto | folded | speedscope [default: html]
     /// perfetto: <stem>.perfetto.json (ui.perfetto.dev,
     ///   chrome://tracing); folded: <stem>.exit.folded and
     ///   <stem>.peak.folded (flamegraph.pl); speedscope:
     ///   <stem>.speedscope.json, live bytes at the end and peak
-    #[arg(long, value_name = "LIST", value_parser = Check(v::report_formats), verbatim_doc_comment)]
-    pub format: Option<Formats>,
+    #[arg(long, value_name = "LIST", value_parser = Check(v::report_formats), default_value = "html",
+        verbatim_doc_comment)]
+    pub format: Formats,
 
     /// Same as adding perfetto to --format
     #[arg(long)]

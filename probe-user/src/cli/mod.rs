@@ -1,18 +1,12 @@
 //! Command-line parsing and validation for `memscope-bpf`, with clap (derive).
 //!
-//! The option set, defaults, validation rules and deprecated aliases follow msMemScope's
-//! `msmemscope` client (see the spec, section 4), with one deliberate deviation: everything from
-//! the first non-option argument on belongs to the traced program. msMemScope used GNU getopt
-//! permutation and so also consumed options written after the program name; we never do.
-//!
-//! `args.rs` declares every option (spelling, aliases, default, help) as a field of [`Options`]
-//! or, for those that pick the mode, of the command; `values.rs` holds the typed value parsers
-//! for what clap cannot check (msMemScope's lists split on `,` and `，`, ranges, paths); this
-//! file sets the mode and checks what spans several options. The settings types are
-//! `crate::settings`; `config.json` is written by `crate::output::config_json`. Program
-//! arguments pass through untouched, even when not UTF-8. `--help` and `--version` come back as `Err(CliError { exit_code: 0, .. })` so that
-//! the caller prints the message on stdout and exits 0; every usage error has `exit_code` 2.
-//! Uses `crate::settings`, `crate::report`'s request types and `crate::offline`'s input rules.
+//! msMemScope's options, defaults, value rules and deprecated aliases (spec, section 4), except
+//! that everything from the first non-option argument on belongs to the traced program, untouched
+//! (msMemScope's getopt also consumed options after it). `args.rs` declares the options,
+//! `values.rs` checks what clap cannot; this file sets the mode, checks what spans several
+//! options and words clap's errors. `--help`/`--version` are `Err` with `exit_code` 0 (print on
+//! stdout); usage errors have `exit_code` 2. Uses `crate::settings`, `crate::report`'s request
+//! types and `crate::offline`'s input rules.
 
 mod args;
 #[cfg(test)]
@@ -22,7 +16,7 @@ mod values;
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
@@ -33,29 +27,10 @@ pub use args::Options;
 use args::{Cli, Sub};
 pub use types::*;
 use values::{List, shown, shown_os};
-pub use values::{lexical_absolute, parse_watch, split_list};
-#[cfg(test)]
-use {
-    crate::offline::MAX_COMPARE_INPUT_BYTES,
-    crate::output::config_json::{config_json, json_escape},
-    values::{check_output_dir, parse_c_number, parse_decimal, split_list_os},
-};
 
-/// `memscope-bpf <version>`.
-pub fn version_text() -> String {
-    format!("{PROGRAM_NAME} {}", env!("CARGO_PKG_VERSION"))
-}
-
-/// The `--help` text.
-pub fn help_text() -> String {
-    command().render_help().to_string()
-}
-
-/// The clap command, with option values allowed to start with '-': a required value is taken
-/// from the next argument whatever it looks like, as getopt does (`--events -v` is an error
-/// about "-v", not a missing value). The program's positional keeps clap's default, so that an
-/// unknown option is an error instead of a program name. Defaults and choices are in the help
-/// texts themselves.
+/// The clap command. An option's value is the next argument whatever it looks like, as with
+/// getopt (`--events -v` is an error about "-v"); the program's positional keeps clap's default,
+/// so that an unknown option is an error, not a program. The help texts state the defaults.
 fn command() -> clap::Command {
     let tune = |a: clap::Arg| match a.get_action().takes_values() {
         true => {
@@ -71,10 +46,7 @@ fn command() -> clap::Command {
         .mut_subcommands(|s| s.mut_args(tune))
 }
 
-/// Parse the command line. `args[0]` is the program name.
-///
-/// Returns `Err` with `exit_code` 0 for `--help`/`--version` (the text goes to stdout) and with
-/// `exit_code` 2 for usage errors.
+/// Parse the command line (`args[0]` is the program name).
 pub fn parse_from<I, T>(args: I) -> Result<Options, CliError>
 where
     I: IntoIterator<Item = T>,
@@ -117,25 +89,16 @@ where
                     "report needs the run to draw: report --input-path=RUN_DIR|DUMP",
                 ));
             };
-            let mut formats = r.format.unwrap_or(crate::report::Formats {
-                html: true,
-                ..Default::default()
-            });
+            let mut formats = r.format;
             formats.perfetto |= r.perfetto;
             if inputs.len() == 2 && !formats.html {
                 return Err(CliError::usage(
                     "two runs are compared in the HTML report: add html to --format",
                 ));
             }
-            let output = match r.output_path {
-                Some(p) => p,
-                None => {
-                    lexical_absolute(Path::new("memscope_report.html"), &values::current_dir()?)
-                }
-            };
             let request = crate::report::ReportRequest {
                 inputs,
-                output,
+                output: r.output_path,
                 formats,
             };
             (Mode::Report { request }, None, r.log)
@@ -237,10 +200,8 @@ pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
         Some(ContextValue::String(s)) => s.clone(),
         _ => String::new(),
     };
-    let mode = argv.get(1).and_then(|a| a.to_str()).unwrap_or_default();
-    let mode = ["analyze", "report", "agent"]
-        .into_iter()
-        .find(|m| *m == mode);
+    let mode = argv.get(1).and_then(|a| a.to_str());
+    let mode = mode.filter(|m| ["analyze", "report", "agent"].contains(m));
     // clap names an option with its placeholder: "--events <LIST>".
     let invalid_arg = text(ContextKind::InvalidArg);
     let arg = invalid_arg.split(' ').next().unwrap_or_default();
@@ -253,7 +214,9 @@ pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
     let last = argv.last().map(|a| a.to_string_lossy()).unwrap_or_default();
     let message = match e.kind() {
         ErrorKind::DisplayHelp => return CliError::info(e.to_string().trim_end()),
-        ErrorKind::DisplayVersion => return CliError::info(version_text()),
+        ErrorKind::DisplayVersion => {
+            return CliError::info(format!("{PROGRAM_NAME} {}", env!("CARGO_PKG_VERSION")));
+        }
         // Ours carry the whole message; clap's (plain fn parsers) the reason as the source.
         ErrorKind::ValueValidation => {
             match (text(ContextKind::Custom), std::error::Error::source(&e)) {
@@ -311,6 +274,10 @@ pub(crate) fn from_clap(e: clap::Error, argv: &[OsString]) -> CliError {
 }
 
 fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String {
+    let help = match mode {
+        Some(mode) => format!("{PROGRAM_NAME} {mode} --help"),
+        None => format!("{PROGRAM_NAME} --help"),
+    };
     if !arg.starts_with('-') {
         let why = match mode {
             Some("analyze") => format!(
@@ -320,7 +287,7 @@ fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String 
             Some("report") => "'report' reads the run given with --input-path=RUN".to_owned(),
             _ => format!(
                 "the agent takes no program or pid, it traces every process using the Ascend \
-                 libraries (see '{PROGRAM_NAME} agent --help')"
+                 libraries (see '{help}')"
             ),
         };
         return format!("unexpected argument '{}': {why}", shown(arg));
@@ -339,8 +306,7 @@ fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String 
         }
         _ => shown(arg),
     };
-    // Where `arg` is an option: the main command, or which subcommand (read from clap's own
-    // definitions, so that a new option needs no entry here).
+    // Which command takes `arg`, read from clap's own definitions (a new option needs no entry).
     let root = Cli::command();
     let takes = |c: &clap::Command| {
         c.get_arguments().any(|a| {
@@ -348,30 +314,15 @@ fn unknown_argument(arg: &str, mode: Option<&str>, argv: &[OsString]) -> String 
                 || a.get_short().is_some_and(|s| arg == format!("-{s}"))
         })
     };
-    let list = |c: &clap::Command| {
-        let longs = c.get_arguments().filter_map(|a| a.get_long());
-        longs
-            .map(|l| format!("--{l}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let owner = root.get_subcommands().find(|s| takes(s));
-    match (mode, owner) {
-        (Some("agent"), _) => {
-            format!("unknown agent option '{arg}' (see '{PROGRAM_NAME} agent --help')")
-        }
+    match (mode, root.get_subcommands().find(|s| takes(s))) {
+        (Some("agent"), _) => format!("unknown agent option '{arg}' (see '{help}')"),
         (Some(sub), _) if takes(&root) => {
-            let sub = root.find_subcommand(sub).expect("a subcommand");
-            format!(
-                "{arg} cannot be used with '{}' (it takes {})",
-                sub.get_name(),
-                list(sub)
-            )
+            format!("{arg} cannot be used with '{sub}' (see '{help}')")
         }
         (None, Some(sub)) if !takes(&root) => {
             let sub = sub.get_name();
             format!("{arg} belongs to '{sub}': {PROGRAM_NAME} {sub} -i INPUT {arg}")
         }
-        _ => format!("unrecognized option '{arg}' (see '{PROGRAM_NAME} --help')"),
+        _ => format!("unrecognized option '{arg}' (see '{help}')"),
     }
 }

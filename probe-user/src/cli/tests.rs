@@ -1,7 +1,12 @@
 //! Unit tests of the command line: every option, alias, list form and error message.
 
+use super::values::{check_output_dir, parse_c_number, parse_decimal, parse_watch};
+use super::values::{lexical_absolute, split_list, split_list_os};
 use super::*;
+use crate::offline::MAX_COMPARE_INPUT_BYTES;
+use crate::output::config_json::{config_json, json_escape};
 use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn parse(args: &[&str]) -> Result<Options, CliError> {
@@ -77,6 +82,10 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+fn help_text() -> String {
+    command().render_help().to_string()
 }
 
 fn os(s: &str) -> OsString {
@@ -606,7 +615,7 @@ fn analyze_errors() {
     usage_err(&["analyze", "-i", &big], &["8 GiB"]);
     usage_err(&["analyze", "-i", &"x".repeat(5000)], &["4096"]);
     // Help still works.
-    assert!(err(&["analyze", "--help"]).is_info());
+    assert_eq!(err(&["analyze", "--help"]).exit_code, 0);
     assert!(help_text().contains("analyze --input-path"));
 }
 
@@ -629,7 +638,6 @@ fn help_and_version_exit_zero() {
     for h in ["-h", "--help"] {
         let e = err(&[h]);
         assert_eq!(e.exit_code, 0);
-        assert!(e.is_info());
         for needle in [
             "USAGE",
             "EXAMPLES",
@@ -1295,9 +1303,8 @@ fn analysis_errors() {
 #[test]
 fn watch_parsing() {
     let o = launch(&["--watch=opA:2,opB,full-content"]);
-    assert_eq!(o.watch.as_deref(), Some("opA:2,opB,full-content"));
     assert_eq!(
-        o.watch_config(),
+        o.watch,
         Some(WatchConfig {
             start: Some("opA".into()),
             output_id: Some(2),
@@ -1536,7 +1543,7 @@ fn error_display_and_trait() {
     let e = CliError::usage("boom");
     assert_eq!(e.to_string(), "boom");
     let _: &dyn std::error::Error = &e;
-    assert!(!e.is_info());
+    assert_ne!(e.exit_code, 0);
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Typed value parsers for what clap cannot check itself: msMemScope's lists (split on `,` and
 //! `，`) and ranges, path rules, and spellings that deserve a warning ([`warn`]). Each is a plain
-//! `fn(option name, raw value) -> Result<T, CliError>`; the raw value may not be UTF-8.
+//! `fn(option name, raw value) -> Parsed<T>`; the raw value may not be UTF-8.
 
 use std::cell::RefCell;
 use std::ffi::{CString, OsStr};
@@ -9,24 +9,23 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, Command};
 
 use super::*;
 use crate::report::{At, Formats};
 use crate::settings::*;
 
+/// What a value parser returns: the value, or the whole message of a usage error.
+pub type Parsed<T> = Result<T, CliError>;
+
 /// A clap value parser made of a plain function of (option name, raw value).
 #[derive(Clone, Copy)]
-pub struct Check<T>(pub fn(&str, &OsStr) -> Result<T, CliError>);
+pub struct Check<T>(pub fn(&str, &OsStr) -> Parsed<T>);
 
 impl<T: Clone + Send + Sync + 'static> clap::builder::TypedValueParser for Check<T> {
     type Value = T;
 
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &OsStr,
-    ) -> Result<T, clap::Error> {
+    fn parse_ref(&self, cmd: &Command, arg: Option<&Arg>, value: &OsStr) -> Result<T, clap::Error> {
         let name = arg.and_then(|a| a.get_long()).unwrap_or_default();
         (self.0)(&format!("--{name}"), value).map_err(|e| {
             // The message travels in the error's context; `from_clap` takes it out unchanged.
@@ -88,13 +87,13 @@ pub fn invalid(opt: &str, value: &str, what: &str) -> CliError {
     CliError::usage(format!("invalid {opt} value '{}': {what}", shown(value)))
 }
 
-fn utf8<'a>(opt: &str, v: &'a OsStr) -> Result<&'a str, CliError> {
+fn utf8<'a>(opt: &str, v: &'a OsStr) -> Parsed<&'a str> {
     v.to_str()
         .ok_or_else(|| invalid(opt, &shown_os(v), "not valid UTF-8"))
 }
 
 /// The tokens of a list value; an empty list is an error that says `if_empty`.
-fn list<'a>(opt: &str, v: &'a OsStr, if_empty: &str) -> Result<Vec<&'a str>, CliError> {
+fn list<'a>(opt: &str, v: &'a OsStr, if_empty: &str) -> Parsed<Vec<&'a str>> {
     let tokens = split_list(utf8(opt, v)?);
     match tokens.is_empty() {
         true => Err(invalid(opt, &v.to_string_lossy(), if_empty)),
@@ -111,6 +110,14 @@ fn flags<'a, const N: usize>(tokens: &[&'a str], names: [&str; N]) -> Result<[bo
     Ok(out)
 }
 
+/// Whether a list named `none`, which clears it (with a notice when other `what` are named).
+fn cleared(opt: &str, none: bool, tokens: &[&str], what: &str) -> bool {
+    if none && tokens.len() > 1 {
+        warn(format!("{opt}: 'none' mixed with other {what} cleared"));
+    }
+    none
+}
+
 /// Split a list value on ASCII ',' and full-width '，' (U+FF0C), skipping empty tokens.
 pub fn split_list(value: &str) -> Vec<&str> {
     value
@@ -123,23 +130,16 @@ pub fn split_list(value: &str) -> Vec<&str> {
 /// as its whole UTF-8 sequence, so it never splits another character.
 pub fn split_list_os(value: &OsStr) -> Vec<&OsStr> {
     const FW: &[u8] = "\u{ff0c}".as_bytes();
-    let (b, mut out, mut start, mut i) = (value.as_bytes(), Vec::new(), 0, 0);
-    while i <= b.len() {
-        let sep = match b.get(i) {
-            None | Some(b',') => 1,
-            _ if b[i..].starts_with(FW) => FW.len(),
-            _ => 0,
-        };
-        if sep > 0 && i > start {
-            out.push(OsStr::from_bytes(&b[start..i]));
+    let mut out = Vec::new();
+    for mut part in value.as_bytes().split(|&b| b == b',') {
+        while let Some(i) = part.windows(FW.len()).position(|w| w == FW) {
+            out.push(&part[..i]);
+            part = &part[i + FW.len()..];
         }
-        (i, start) = if sep > 0 {
-            (i + sep, i + sep)
-        } else {
-            (i + 1, start)
-        };
+        out.push(part);
     }
-    out
+    out.retain(|t| !t.is_empty());
+    out.into_iter().map(OsStr::from_bytes).collect()
 }
 
 /// A plain decimal number: digits only, no sign, no leading zero (unless `allow_zero` and the
@@ -168,24 +168,19 @@ pub fn parse_c_number(s: &str) -> Option<u32> {
 }
 
 /// A decimal count in `range` (no sign, no leading zeros), else the error says `what`.
-pub fn count(
-    opt: &str,
-    v: &OsStr,
-    range: RangeInclusive<u32>,
-    what: &str,
-) -> Result<u32, CliError> {
+pub fn count(opt: &str, v: &OsStr, range: RangeInclusive<u32>, what: &str) -> Parsed<u32> {
     let v = utf8(opt, v)?;
     parse_decimal(v, *range.start() == 0)
         .filter(|n| range.contains(n))
         .ok_or_else(|| invalid(opt, v, what))
 }
 
-pub fn ring_buffer_mib(opt: &str, v: &OsStr) -> Result<u32, CliError> {
+pub fn ring_buffer_mib(opt: &str, v: &OsStr) -> Parsed<u32> {
     let what = "expected a power of two from 1 to 1024 (MiB)";
-    match count(opt, v, 1..=MAX_RING_BUFFER_MIB, what)? {
-        n if n.is_power_of_two() => Ok(n),
-        _ => Err(invalid(opt, &v.to_string_lossy(), what)),
-    }
+    let n = count(opt, v, 1..=MAX_RING_BUFFER_MIB, what)?;
+    n.is_power_of_two()
+        .then_some(n)
+        .ok_or_else(|| invalid(opt, &n.to_string(), what))
 }
 
 pub fn is_readable(path: &Path) -> bool {
@@ -209,7 +204,7 @@ pub fn lexical_absolute(path: &Path, cwd: &Path) -> PathBuf {
     out
 }
 
-pub fn current_dir() -> Result<PathBuf, CliError> {
+pub fn current_dir() -> Parsed<PathBuf> {
     std::env::current_dir()
         .map_err(|e| CliError::usage(format!("cannot determine the current directory: {e}")))
 }
@@ -259,7 +254,7 @@ pub fn check_output_dir(abs: &Path) -> Result<(), String> {
 }
 
 /// `-o/--output-path DIR`: absolute, lexically resolved, under msMemScope's path rules.
-pub fn output_dir(opt: &str, raw: &OsStr) -> Result<PathBuf, CliError> {
+pub fn output_dir(opt: &str, raw: &OsStr) -> Parsed<PathBuf> {
     let Some(value) = raw.to_str() else {
         let why = "invalid output path, it is not valid UTF-8";
         return Err(invalid(opt, &shown_os(raw), why));
@@ -281,7 +276,7 @@ pub fn output_dir(opt: &str, raw: &OsStr) -> Result<PathBuf, CliError> {
     }
 }
 
-pub fn default_output_dir() -> Result<PathBuf, CliError> {
+pub fn default_output_dir() -> Parsed<PathBuf> {
     let abs = current_dir()?.join(DEFAULT_OUTPUT_DIR);
     check_output_dir(&abs).map_err(|why| {
         CliError::usage(format!(
@@ -293,7 +288,7 @@ pub fn default_output_dir() -> Result<PathBuf, CliError> {
 }
 
 /// An output file path: UTF-8, not empty, not a directory or a symlink.
-pub fn output_file(opt: &str, raw: &OsStr) -> Result<PathBuf, CliError> {
+pub fn output_file(opt: &str, raw: &OsStr) -> Parsed<PathBuf> {
     let Some(value) = raw.to_str().filter(|v| !v.trim().is_empty()) else {
         let why = "expected a file name (UTF-8, not empty)";
         return Err(invalid(opt, &shown_os(raw), why));
@@ -315,7 +310,7 @@ pub fn output_file(opt: &str, raw: &OsStr) -> Result<PathBuf, CliError> {
     }
 }
 
-fn too_long(opt: &str, v: &OsStr, max: usize) -> Result<(), CliError> {
+fn too_long(opt: &str, v: &OsStr, max: usize) -> Parsed<()> {
     match v.len() > max {
         true => Err(CliError::usage(format!(
             "invalid {opt} value: it is {} bytes long, more than {max}",
@@ -326,32 +321,29 @@ fn too_long(opt: &str, v: &OsStr, max: usize) -> Result<(), CliError> {
 }
 
 /// Parse and validate a `--watch` value.
-pub fn parse_watch(value: &str) -> Result<WatchConfig, CliError> {
+pub fn parse_watch(value: &str) -> Parsed<WatchConfig> {
     const EXPECTED: &str = "invalid watch config, expected [START[:OUTID]],END[,full-content] \
                             (the comma before END is required; OUTID needs a START)";
-    let bad = |why: &str| Err(invalid("--watch", value, &format!("{why}; {EXPECTED}")));
+    let bad = |why: &str| invalid("--watch", value, &format!("{why}; {EXPECTED}"));
     let Some((start_part, rest)) = value.split_once(',') else {
-        return bad("missing ','");
+        return Err(bad("missing ','"));
     };
     let (end, full_content) = match rest.split_once(',') {
         None => (rest, false),
         Some((e, "full-content")) => (e, true),
-        Some((_, t)) => return bad(&format!("unexpected '{}' after END", shown(t))),
+        Some((_, t)) => return Err(bad(&format!("unexpected '{}' after END", shown(t)))),
     };
     if end.is_empty() {
-        return bad("END is empty");
+        return Err(bad("END is empty"));
     }
     let (start, output_id) = match start_part.split_once(':') {
-        Some(("", _)) => return bad("an OUTID needs a START name"),
-        Some((s, id)) => match parse_decimal(id, true) {
-            Some(id) => (Some(s), Some(id)),
-            None => {
-                return bad(&format!(
-                    "OUTID '{}' is not an unsigned 32-bit integer without leading zeros",
-                    shown(id)
-                ));
-            }
-        },
+        Some(("", _)) => return Err(bad("an OUTID needs a START name")),
+        Some((s, id)) => {
+            let why = "is not an unsigned 32-bit integer without leading zeros";
+            let id = parse_decimal(id, true)
+                .ok_or_else(|| bad(&format!("OUTID '{}' {why}", shown(id))))?;
+            (Some(s), Some(id))
+        }
         None => (Some(start_part).filter(|s| !s.is_empty()), None),
     };
     if let Some(name) = start
@@ -360,9 +352,8 @@ pub fn parse_watch(value: &str) -> Result<WatchConfig, CliError> {
         .find(|n| n.len() > MAX_WATCH_NAME_LEN)
     {
         let name = shown(&name.chars().take(32).collect::<String>());
-        return bad(&format!(
-            "the name '{name}...' is longer than {MAX_WATCH_NAME_LEN} bytes"
-        ));
+        let why = format!("the name '{name}...' is longer than {MAX_WATCH_NAME_LEN} bytes");
+        return Err(bad(&why));
     }
     let start = start.map(str::to_owned);
     let end = end.to_owned();
@@ -374,12 +365,11 @@ pub fn parse_watch(value: &str) -> Result<WatchConfig, CliError> {
     })
 }
 
-pub fn watch(opt: &str, v: &OsStr) -> Result<String, CliError> {
-    let v = utf8(opt, v)?;
-    parse_watch(v).map(|_| v.to_owned())
+pub fn watch(opt: &str, v: &OsStr) -> Parsed<WatchConfig> {
+    parse_watch(utf8(opt, v)?)
 }
 
-pub fn pid(opt: &str, v: &OsStr) -> Result<u32, CliError> {
+pub fn pid(opt: &str, v: &OsStr) -> Parsed<u32> {
     let what = "expected a process id: a positive decimal integer without sign or leading zeros";
     let pid = count(opt, v, 1..=u32::MAX, what)?;
     if pid == std::process::id() {
@@ -393,24 +383,14 @@ pub fn pid(opt: &str, v: &OsStr) -> Result<u32, CliError> {
 }
 
 /// `--events`: a list of event kinds; `none` clears, `traceback` is accepted and ignored.
-pub fn events(opt: &str, v: &OsStr) -> Result<EventSet, CliError> {
+pub fn events(opt: &str, v: &OsStr) -> Parsed<EventSet> {
     let what = "expected a list of alloc, free, launch, access, traceback or none \
                 (use 'none' for no events)";
     let tokens = list(opt, v, what)?;
     let names = ["alloc", "free", "launch", "access", "traceback", "none"];
-    let [alloc, free, launch, access, traceback, none] = flags(&tokens, names).map_err(|t| {
-        CliError::usage(format!(
-            "invalid event trace type: {opt} value '{}' is not one of alloc, free, \
-             launch, access, traceback, none",
-            shown(t)
-        ))
-    })?;
-    if none {
-        if tokens.len() > 1 {
-            warn(format!(
-                "{opt}: 'none' mixed with other event types, all events cleared"
-            ));
-        }
+    let [alloc, free, launch, access, traceback, none] = flags(&tokens, names)
+        .map_err(|t| invalid(opt, t, &format!("invalid event trace type, {what}")))?;
+    if cleared(opt, none, &tokens, "event types, all events") {
         return Ok(EventSet::NONE);
     }
     if traceback {
@@ -428,12 +408,9 @@ pub fn events(opt: &str, v: &OsStr) -> Result<EventSet, CliError> {
 }
 
 /// `--level`: op and/or kernel; msMemScope's numbers 0 and 1 with a deprecation notice.
-pub fn levels(opt: &str, v: &OsStr) -> Result<Levels, CliError> {
-    let tokens = list(
-        opt,
-        v,
-        "invalid data trace level, expected op, kernel or op,kernel",
-    )?;
+pub fn levels(opt: &str, v: &OsStr) -> Parsed<Levels> {
+    let what = "invalid data trace level, expected op, kernel or op,kernel";
+    let tokens = list(opt, v, what)?;
     let [op, kernel, zero, one] = flags(&tokens, ["op", "kernel", "0", "1"]).map_err(|t| {
         let what =
             "invalid data trace level, expected op or kernel (a list like op,kernel is allowed)";
@@ -454,34 +431,27 @@ pub fn levels(opt: &str, v: &OsStr) -> Result<Levels, CliError> {
 }
 
 /// `--analysis`: leaks, decompose, inefficient, oom[:K] or none.
-pub fn analysis(opt: &str, v: &OsStr) -> Result<AnalysisSet, CliError> {
+pub fn analysis(opt: &str, v: &OsStr) -> Parsed<AnalysisSet> {
     const EXPECTED: &str = "invalid analysis type, expected a list of leaks, decompose, \
                             inefficient, oom[:K] or none";
     let mut tokens = list(opt, v, &format!("{EXPECTED} (use 'none' for no analysis)"))?;
     let mut top_k = None;
     for t in tokens.iter_mut() {
         if let Some(k) = t.strip_prefix("oom:") {
+            let why = format!(
+                "invalid OOM top-K value '{}', expected an integer from 1 to {MAX_OOM_TOP_K} \
+                 without leading zeros",
+                shown(k)
+            );
             let k = parse_decimal(k, false).filter(|k| (1..=MAX_OOM_TOP_K).contains(k));
-            top_k = Some(k.ok_or_else(|| {
-                CliError::usage(format!(
-                    "invalid {opt} value '{}': invalid OOM top-K value '{}', expected an \
-                     integer from 1 to {MAX_OOM_TOP_K} without leading zeros",
-                    shown(t),
-                    shown(&t[4..])
-                ))
-            })?);
+            top_k = Some(k.ok_or_else(|| invalid(opt, t, &why))?);
             *t = "oom";
         }
     }
     let names = ["leaks", "decompose", "inefficient", "oom", "none"];
     let [leaks, decompose, inefficient, oom, none] =
         flags(&tokens, names).map_err(|t| invalid(opt, t, EXPECTED))?;
-    if none {
-        if tokens.len() > 1 {
-            warn(format!(
-                "{opt}: 'none' mixed with other analysis types, all analyses cleared"
-            ));
-        }
+    if cleared(opt, none, &tokens, "analysis types, all analyses") {
         return Ok(AnalysisSet::default());
     }
     let oom_top_k = oom.then(|| top_k.unwrap_or(DEFAULT_OOM_TOP_K));
@@ -494,26 +464,21 @@ pub fn analysis(opt: &str, v: &OsStr) -> Result<AnalysisSet, CliError> {
 }
 
 /// `--log-level`; `warn` is msMemScope's deprecated spelling of `warning`.
-pub fn log_level(opt: &str, v: &OsStr) -> Result<LogLevel, CliError> {
-    let v = utf8(opt, v)?;
-    let levels = [
-        LogLevel::Debug,
-        LogLevel::Info,
-        LogLevel::Warning,
-        LogLevel::Error,
-    ];
-    let names = ["debug", "info", "warning", "error"];
-    if v == "warn" {
-        warn(deprecated("--log-level=warn", "--log-level=warning"));
-        return Ok(LogLevel::Warning);
-    }
-    match names.iter().position(|n| *n == v) {
-        Some(i) => Ok(levels[i]),
-        None => Err(invalid(opt, v, "expected debug, info, warning or error")),
-    }
+pub fn log_level(opt: &str, v: &OsStr) -> Parsed<LogLevel> {
+    Ok(match utf8(opt, v)? {
+        "debug" => LogLevel::Debug,
+        "info" => LogLevel::Info,
+        "warning" => LogLevel::Warning,
+        "warn" => {
+            warn(deprecated("--log-level=warn", "--log-level=warning"));
+            LogLevel::Warning
+        }
+        "error" => LogLevel::Error,
+        v => return Err(invalid(opt, v, "expected debug, info, warning or error")),
+    })
 }
 
-pub fn steps(opt: &str, v: &OsStr) -> Result<List<u32>, CliError> {
+pub fn steps(opt: &str, v: &OsStr) -> Parsed<List<u32>> {
     let tokens = list(
         opt,
         v,
@@ -533,7 +498,7 @@ pub fn steps(opt: &str, v: &OsStr) -> Result<List<u32>, CliError> {
         .map(List)
 }
 
-pub fn call_stack(opt: &str, v: &OsStr) -> Result<CallStack, CliError> {
+pub fn call_stack(opt: &str, v: &OsStr) -> Parsed<CallStack> {
     let mut cs = CallStack::default();
     for t in split_list(utf8(opt, v)?) {
         let (kind, depth) = match t.split_once(':') {
@@ -565,7 +530,7 @@ pub fn call_stack(opt: &str, v: &OsStr) -> Result<CallStack, CliError> {
     Ok(cs)
 }
 
-pub fn devices(opt: &str, raw: &OsStr) -> Result<DeviceFilter, CliError> {
+pub fn devices(opt: &str, raw: &OsStr) -> Parsed<DeviceFilter> {
     const EXPECTED: &str = "expected npu, cpu or npu:N with N < 32";
     let mut d = DeviceFilter {
         all_npu: false,
@@ -596,7 +561,7 @@ fn inputs(
     counts: RangeInclusive<usize>,
     expected: &str,
     dirs: bool,
-) -> Result<Vec<PathBuf>, CliError> {
+) -> Parsed<Vec<PathBuf>> {
     too_long(opt, v, if dirs { 2 * MAX_PATH_LEN } else { MAX_PATH_LEN })?;
     let (whole, tokens) = (shown_os(v), split_list_os(v));
     let bad = |why: String| CliError::usage(format!("invalid {opt} value '{whole}': {why}"));
@@ -623,7 +588,7 @@ fn inputs(
 }
 
 /// `--compare --input-path A,B`: exactly two dump files.
-pub fn compare_inputs(opt: &str, v: &OsStr) -> Result<[PathBuf; 2], CliError> {
+pub fn compare_inputs(opt: &str, v: &OsStr) -> Parsed<[PathBuf; 2]> {
     let expected = "invalid paths, expected exactly two comma-separated dump files";
     let [a, b] =
         <[PathBuf; 2]>::try_from(inputs(opt, v, 2..=2, expected, false)?).expect("counted");
@@ -631,19 +596,19 @@ pub fn compare_inputs(opt: &str, v: &OsStr) -> Result<[PathBuf; 2], CliError> {
 }
 
 /// `analyze --input-path`: exactly one dump file, under the same rules as the compare inputs.
-pub fn analyze_input(opt: &str, v: &OsStr) -> Result<PathBuf, CliError> {
+pub fn analyze_input(opt: &str, v: &OsStr) -> Parsed<PathBuf> {
     let expected = "'analyze' takes exactly one dump file";
     Ok(inputs(opt, v, 1..=1, expected, false)?.remove(0))
 }
 
 /// `report --input-path`: one or two runs, each a directory or a dump file.
-pub fn report_inputs(opt: &str, v: &OsStr) -> Result<List<PathBuf>, CliError> {
+pub fn report_inputs(opt: &str, v: &OsStr) -> Parsed<List<PathBuf>> {
     let expected = "'report' takes one run, or two to compare";
     inputs(opt, v, 1..=2, expected, true).map(List)
 }
 
 /// `report --format`: a list of html, perfetto, folded, speedscope.
-pub fn report_formats(opt: &str, v: &OsStr) -> Result<Formats, CliError> {
+pub fn report_formats(opt: &str, v: &OsStr) -> Parsed<Formats> {
     let v = utf8(opt, v)?;
     let names = ["html", "perfetto", "folded", "speedscope"];
     let what = "'report' writes html, perfetto, folded or speedscope (a list)";
@@ -661,7 +626,7 @@ pub fn report_formats(opt: &str, v: &OsStr) -> Result<Formats, CliError> {
 }
 
 /// `--at=exit|peak|SECONDS`.
-pub fn at(opt: &str, v: &OsStr) -> Result<At, CliError> {
+pub fn at(opt: &str, v: &OsStr) -> Parsed<At> {
     let v = utf8(opt, v)?;
     match (v, v.parse::<f64>()) {
         ("exit" | "end", _) => Ok(At::Exit),
@@ -675,7 +640,7 @@ pub fn at(opt: &str, v: &OsStr) -> Result<At, CliError> {
 }
 
 /// `--lib PATH`: an existing, readable 64-bit ELF shared object; canonicalized.
-pub fn lib(opt: &str, v: &OsStr) -> Result<PathBuf, CliError> {
+pub fn lib(opt: &str, v: &OsStr) -> Parsed<PathBuf> {
     let bad = |why: &str| {
         CliError::usage(format!(
             "invalid {opt} value '{}': {why}; expected an existing, readable shared library file",

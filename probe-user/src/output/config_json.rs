@@ -12,7 +12,7 @@ pub fn config_json(opts: &Options) -> String {
     for (slot, s) in steps.iter_mut().zip(&opts.steps) {
         *slot = *s;
     }
-    let watch = opts.watch_config().unwrap_or_default();
+    let watch = opts.watch.clone().unwrap_or_default();
     let cs = opts.call_stack;
     let root = json!({
         "enableCStack": cs.c_depth.is_some(),

@@ -18,6 +18,8 @@ use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
 pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
 
+mod detach;
+
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
 /// Loss and health counters summed over CPUs.
@@ -113,6 +115,8 @@ pub struct Bpf {
     scoped_requests: Vec<ScopedRequest>,
     /// Multi-uprobe links of each process in scope (`Scope::Traced`).
     process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
+    /// Threads closing links of processes that left; joined before the tracer exits.
+    unlinking: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
@@ -180,6 +184,7 @@ impl Bpf {
             links: Vec::new(),
             scoped_requests: Vec::new(),
             process_links: Default::default(),
+            unlinking: Vec::new(),
         };
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
@@ -275,22 +280,6 @@ impl Bpf {
         let sites: Vec<(u64, u64)> = return_sites.iter().map(|at| (*at, probe as u64)).collect();
         self.attach_points(site, path, &sites, scope)?;
         self.attach_points(entry, path, &[(file_offset, probe as u64)], scope)
-    }
-
-    /// Removes every uprobe now (multi-uprobe links closed, perf links detached), waiting
-    /// for the kernel's teardown; the rest stays loaded. Benchmarks time this.
-    pub fn detach_uprobes(&mut self) {
-        self.links.clear();
-        self.process_links.clear();
-        self.scoped_requests.clear();
-        for prog in UPROBE_PROGRAMS {
-            if let Ok(up) = program(&mut self.ebpf, prog)
-                .and_then(|p| <&mut UProbe>::try_from(p).map_err(anyhow::Error::from))
-                && up.fd().is_ok()
-            {
-                let _ = up.unload();
-            }
-        }
     }
 
     /// Whether probes go through multi-uprobe links (false: one perf link per probe).
@@ -498,18 +487,6 @@ impl Bpf {
         let _ = self.known_paths.insert(probe_common::path_hash(path), 1, 0);
     }
 
-    /// Drops the probes of process `pid` (`Scope::Traced`): it exited, or we detach from it.
-    pub fn drop_process_probes(&mut self, pid: u32) {
-        if let Some(links) = self.process_links.remove(&pid)
-            && !links.is_empty()
-        {
-            // Closing a link waits for a grace period; nobody needs to wait for it here.
-            let _ = std::thread::Builder::new()
-                .name("unlink".into())
-                .spawn(move || drop(links));
-        }
-    }
-
     pub fn forget_process(&mut self, pid: u32) {
         self.drop_process_probes(pid);
         let _ = self.traced.remove(&pid);
@@ -615,42 +592,6 @@ impl Bpf {
             batch_dropped: sum(counter::BATCH_DROPPED),
             stacks_shed: sum(counter::STACKS_SHED),
         }
-    }
-
-    /// Hands the teardown of every probe to a background process and returns at once.
-    ///
-    /// The kernel unregisters uprobes one at a time, waiting for a grace period each (~0.1 s
-    /// here), so detaching a few dozen takes seconds. A forked child keeps its copies of the
-    /// link descriptors until this process has exited, then exits itself, dropping the last
-    /// references: the slow work happens after the caller is gone. Call it last, once all
-    /// output is written; nothing is traced any more (the traced set is empty by then).
-    pub fn detach_in_background(self) {
-        let mut fds = [0; 2];
-        // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
-        unsafe {
-            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                return; // falls back to detaching in the foreground (Drop)
-            }
-            let pid = libc::fork();
-            if pid == 0 {
-                libc::close(fds[1]);
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                for fd in 0..3 {
-                    libc::dup2(null, fd);
-                }
-                let mut b = 0u8;
-                // EOF once the parent (holding the write end) has exited.
-                while libc::read(fds[0], (&mut b as *mut u8).cast(), 1) > 0 {}
-                libc::_exit(0);
-            }
-            libc::close(fds[0]);
-            if pid < 0 {
-                libc::close(fds[1]);
-                return;
-            }
-        }
-        // The parent's descriptors close at exit, cheaply: the child still holds them.
-        std::mem::forget(self);
     }
 }
 
