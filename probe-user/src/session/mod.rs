@@ -223,9 +223,13 @@ impl Session {
             tokio::select! {
                 guard = ring.readable_mut() => {
                     let mut guard = guard?;
+                    // Cleared before reading, not after: a record whose wakeup came between
+                    // the last read and the clear would wait for the next tick (20 ms), and
+                    // with it a process stopped for us (seen: the 200-object start-up at a
+                    // steady 27 ms instead of 12).
+                    guard.clear_ready();
                     self.drain(guard.get_inner_mut())?;
                     self.plan_later(guard.get_inner_mut())?;
-                    guard.clear_ready();
                     self.release(false)?;
                 }
                 _ = flush_tick.tick() => {
@@ -394,6 +398,14 @@ impl Session {
         }
         // Only where our priority can be raised back (CAP_SYS_NICE).
         let lower = consumer_nice() == CONSUMER_NICE;
+        if lower {
+            set_consumer_nice(BACKGROUND_NICE);
+        }
+        // A process just resumed is often queued on our CPU: let it run first (the other CPU
+        // may take us meanwhile) rather than after our time slice (seen: the target waiting
+        // ~2 ms, the whole plan of a directory found in the cache).
+        // SAFETY: no preconditions.
+        unsafe { libc::sched_yield() };
         while self.planner.has_later() {
             if lower {
                 set_consumer_nice(BACKGROUND_NICE);
