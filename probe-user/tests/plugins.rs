@@ -10,11 +10,12 @@ use std::{fs, os::unix::fs::PermissionsExt, path::Path, process::Command};
 
 use common::*;
 
-/// A plugin directory: `count` small objects with no probed function, named to sort before
-/// or after `libascend_hal.so` (a copy of the simulated HAL) as `before_hal` says.
+/// A plugin directory: `count` copies of a small object with no probed function
+/// (`libplugin.so`), named to sort before or after `libascend_hal.so` (a copy of the simulated
+/// HAL) as `before_hal` says.
 fn plugin_dir(dir: &Path, count: usize, before_hal: bool) -> Vec<String> {
     fs::create_dir_all(dir).unwrap();
-    let dsos = fixtures().join("lib/bench/dso");
+    let plugin = fixtures().join("lib/libplugin.so");
     let prefix = if before_hal {
         "lib_plugin"
     } else {
@@ -23,7 +24,7 @@ fn plugin_dir(dir: &Path, count: usize, before_hal: bool) -> Vec<String> {
     let mut names = Vec::new();
     for i in 0..count {
         let name = format!("{prefix}{i:03}.so");
-        fs::copy(dsos.join(format!("libdso_{i:03}.so")), dir.join(&name)).unwrap();
+        fs::copy(&plugin, dir.join(&name)).unwrap();
         names.push(name);
     }
     fs::copy(
@@ -92,14 +93,21 @@ fn a_plugin_opened_while_its_directory_is_being_planned_is_traced_from_its_first
     }
 }
 
-/// Runs `bench_dlopen` on `libs` under the tracer (the cache at `cache`); returns its stderr.
+/// Runs `workload_dlopen` under the tracer (the cache at `cache`): it opens `libs`, then
+/// calls the fixtures' own HAL; returns the tracer's stderr.
 fn load_under_tracer(libs: &[&Path], cache: &Path, out_dir: &Path) -> String {
-    let out = Command::new(TRACER)
-        .env_remove("SUDO_UID")
+    let mut c = Command::new(TRACER);
+    c.env_remove("SUDO_UID")
         .env("MEMSCOPE_BPF_CACHE", cache)
         .args(["--log-level=debug", "-o", out_dir.to_str().unwrap(), "--"])
-        .arg(bin("bench_dlopen"))
-        .args(libs)
+        .arg(bin("workload_dlopen"));
+    for lib in libs {
+        c.arg("--first").arg(lib);
+    }
+    let out = c
+        .arg("--lib-path")
+        .arg(fixtures().join("lib/libascend_hal.so"))
+        .args(["--allocs", "2"])
         .output()
         .expect("run memscope-bpf");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
