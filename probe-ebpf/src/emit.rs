@@ -1,6 +1,7 @@
 //! Sending records to user space through `EVENTS`: when a record wakes the reader (process
-//! events and stops at once, calls in batches of ~256 KiB), stopping the calling thread
-//! before a record it must be held for, and filling the per-CPU scratch event's header.
+//! events and stops at once; calls, and opens of planned objects in launch mode, in batches of
+//! ~256 KiB), stopping the calling thread before a record it must be held for, and filling the
+//! per-CPU scratch event's header.
 
 use aya_ebpf::helpers::{
     bpf_ktime_get_ns,
@@ -43,6 +44,18 @@ pub(crate) fn emit(ev: &RawEvent) {
     } else {
         BPF_RB_FORCE_WAKEUP
     };
+    output(ev, flags);
+}
+
+/// Emits `ev` without waking user space until records pile up (as calls are batched): for
+/// records user space needs in order but not at once.
+#[inline(always)]
+pub(crate) fn emit_unhurried(ev: &RawEvent) {
+    output(ev, batched_wake_flags());
+}
+
+#[inline(always)]
+fn output(ev: &RawEvent, flags: u64) {
     // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
     // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
     // and chunks stay under it), so the mask never cuts data.

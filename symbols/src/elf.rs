@@ -279,17 +279,27 @@ fn file_offset_of(file: &ElfFile64<Endianness>) -> impl Fn(u64) -> Option<u64> +
 struct MappedFile {
     ptr: *mut libc::c_void,
     len: usize,
+    /// A small file, read instead (`ptr` null).
+    read: Vec<u8>,
 }
+
+/// Files up to this size are read rather than mapped: one `read` costs less than a mapping,
+/// its page faults and the unmap (a directory of small plugins is read at a stop).
+const READ_UP_TO: usize = 256 << 10;
 
 impl MappedFile {
     fn open(path: &Path) -> std::io::Result<Self> {
+        use std::io::Read;
         use std::os::fd::AsRawFd;
-        let file = fs::File::open(path)?;
+        let mut file = fs::File::open(path)?;
         let len = file.metadata()?.len() as usize;
-        if len == 0 {
+        if len <= READ_UP_TO {
+            let mut read = Vec::with_capacity(len);
+            file.read_to_end(&mut read)?;
             return Ok(MappedFile {
                 ptr: std::ptr::null_mut(),
                 len: 0,
+                read,
             });
         }
         // SAFETY: a fresh private read-only mapping of a file we opened; unmapped in Drop.
@@ -306,12 +316,16 @@ impl MappedFile {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(MappedFile { ptr, len })
+        Ok(MappedFile {
+            ptr,
+            len,
+            read: Vec::new(),
+        })
     }
 
     fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
+        if self.ptr.is_null() {
+            return &self.read;
         }
         // SAFETY: the mapping is `len` bytes long and lives as long as `self`. (A file
         // truncated under us would fault; libraries are replaced by rename, not rewritten.)
@@ -321,7 +335,7 @@ impl MappedFile {
 
 impl Drop for MappedFile {
     fn drop(&mut self) {
-        if self.len != 0 {
+        if !self.ptr.is_null() {
             // SAFETY: unmapping our own mapping once.
             unsafe { libc::munmap(self.ptr, self.len) };
         }

@@ -13,6 +13,7 @@
 //! and torch_npu.
 
 mod files;
+mod lookups;
 mod vendor;
 
 pub use files::TargetEnv;
@@ -49,7 +50,17 @@ pub struct Planner {
     needed_seen: HashSet<String>,
     /// Directories whose shared objects were all planned at a stop (`plan_siblings`).
     planned_dirs: HashSet<PathBuf>,
+    /// Objects to plan once the stopped process runs again, as (host path, path as the
+    /// target names it): a directory's siblings (`plan_later`).
+    later: VecDeque<(PathBuf, PathBuf)>,
+    /// Directories whose shared objects go to `later` once the stopped process runs again
+    /// (listing 200 entries took ~0.2 ms of the stop), as (host, shown) paths.
+    later_dirs: VecDeque<(PathBuf, PathBuf)>,
+    /// When the oldest object still in `later` was queued (for the debug line).
+    later_since: Option<Instant>,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
+    /// What was read of each object, remembered across runs (on disk).
+    lookups: lookups::LookupCache,
     /// Warnings already given (`warn_once`).
     warned: HashSet<String>,
     ld_cache: Option<HashMap<String, PathBuf>>,
@@ -80,7 +91,11 @@ impl Planner {
             seen_paths: HashSet::new(),
             needed_seen: HashSet::new(),
             planned_dirs: HashSet::new(),
+            later: VecDeque::new(),
+            later_dirs: VecDeque::new(),
+            later_since: None,
             elf_cache: HashMap::new(),
+            lookups: lookups::LookupCache::new(&planner_lookup(Path::new(""))),
             warned: HashSet::new(),
             ld_cache: None,
             attached: Vec::new(),
@@ -128,9 +143,12 @@ impl Planner {
     /// For `--log-level=debug`: what planning took, and how many objects it read so far.
     fn said_how_long(&mut self, started: Instant, what: &str) {
         self.debug.push(format!(
-            "planned {what} in {:.1} ms ({} objects read in all)",
+            "planned {what} in {:.1} ms ({} objects known in all; {} found in the ELF lookup \
+             cache, {} read)",
             started.elapsed().as_secs_f64() * 1e3,
-            self.elf_cache.len()
+            self.elf_cache.len(),
+            self.lookups.hits,
+            self.lookups.misses
         ));
     }
 
@@ -178,6 +196,11 @@ impl Planner {
             PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
         };
         let first_time = !self.seen_paths.contains(&full);
+        // A process that opens a queued object before its turn is ahead of the queue: go on
+        // from there (it likely opens the next ones next), the skipped ones last.
+        if let Some(at) = self.later.iter().position(|(host, _)| *host == full) {
+            self.later.rotate_left(at + 1);
+        }
         self.consider(bpf, &full, path, false)?;
         // The loader opens its dependencies next, and each unplanned one would stop the
         // process again (launch mode): plan them while it is held for this one.
@@ -188,37 +211,74 @@ impl Planner {
             self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
         }
         if first_time {
-            self.plan_siblings(bpf, &full, path)?;
+            self.plan_siblings(&full, path);
         }
         Ok(())
     }
 
     /// A program that opens one unplanned shared object of a directory (a plugin or
     /// extension directory) often opens its siblings next, each a stop of its own in launch
-    /// mode: the directory's shared objects are planned at the first one, when it holds at
-    /// most `MAX_SIBLINGS` (a system library directory with thousands is left alone).
-    fn plan_siblings(&mut self, bpf: &mut Bpf, full: &Path, shown: &Path) -> Result<()> {
-        const MAX_SIBLINGS: usize = 256;
+    /// mode: the directory is queued at the first one, and `plan_later` lists it (when it
+    /// holds at most `MAX_SIBLINGS`: a system library directory with thousands is left alone)
+    /// and plans its objects while the process runs on. One it opens before its turn stops it
+    /// as before, since a path is marked planned only once its probes are in place.
+    fn plan_siblings(&mut self, full: &Path, shown: &Path) {
         let (Some(dir), Some(shown_dir)) = (full.parent(), shown.parent()) else {
-            return Ok(());
+            return;
         };
-        if !self.planned_dirs.insert(dir.to_path_buf()) {
-            return Ok(());
+        if self.planned_dirs.insert(dir.to_path_buf()) {
+            self.later_since.get_or_insert_with(Instant::now);
+            self.later_dirs
+                .push_back((dir.to_path_buf(), shown_dir.to_path_buf()));
         }
+    }
+
+    /// Queues the shared objects of a directory queued by `plan_siblings`, in name order (the
+    /// order a program loading "every plugin" usually goes in).
+    fn list_siblings(&mut self, dir: &Path, shown_dir: &Path) {
+        const MAX_SIBLINGS: usize = 256;
         let Ok(entries) = fs::read_dir(dir) else {
-            return Ok(());
+            return;
         };
-        let names: Vec<std::ffi::OsString> = entries
+        let mut names: Vec<std::ffi::OsString> = entries
             .flatten()
             .map(|e| e.file_name())
             .filter(|n| memchr_so(n.as_bytes()))
             .take(MAX_SIBLINGS + 1)
             .collect();
         if names.len() > MAX_SIBLINGS {
-            return Ok(());
+            return;
         }
-        for name in names {
-            self.consider(bpf, &dir.join(&name), &shown_dir.join(&name), false)?;
+        names.sort();
+        self.later.extend(
+            names
+                .into_iter()
+                .map(|name| (dir.join(&name), shown_dir.join(&name))),
+        );
+    }
+
+    /// Whether objects wait for `plan_later`.
+    pub fn has_later(&self) -> bool {
+        !self.later.is_empty() || !self.later_dirs.is_empty()
+    }
+
+    /// Plans up to `count` of the objects queued for later (listing a queued directory counts
+    /// as one).
+    pub fn plan_later(&mut self, bpf: &mut Bpf, count: usize) -> Result<()> {
+        for _ in 0..count {
+            if let Some((dir, shown_dir)) = self.later_dirs.pop_front() {
+                self.list_siblings(&dir, &shown_dir);
+                continue;
+            }
+            let Some((host, shown)) = self.later.pop_front() else {
+                break;
+            };
+            self.consider(bpf, &host, &shown, false)?;
+        }
+        if !self.has_later()
+            && let Some(since) = self.later_since.take()
+        {
+            self.said_how_long(since, "a directory's objects in the background");
         }
         Ok(())
     }
@@ -431,8 +491,22 @@ impl Planner {
         }
     }
 
-    /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`).
+    /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`),
+    /// then marks `shown` planned: opening it needs no stop from then on (launch mode), so
+    /// the mark comes only once its probes are in place (the process may be running).
     pub fn consider(
+        &mut self,
+        bpf: &mut Bpf,
+        host: &Path,
+        shown: &Path,
+        explicit: bool,
+    ) -> Result<()> {
+        let attached = self.attach_object(bpf, host, shown, explicit);
+        bpf.mark_known_path(shown.as_os_str().as_bytes());
+        attached
+    }
+
+    fn attach_object(
         &mut self,
         bpf: &mut Bpf,
         host: &Path,
@@ -441,8 +515,6 @@ impl Planner {
     ) -> Result<()> {
         self.load_specs(bpf)?;
         self.seen_paths.insert(host.to_path_buf());
-        // Opening this path later needs no stop: it has been planned (launch mode).
-        bpf.mark_known_path(shown.as_os_str().as_bytes());
         let meta = match fs::metadata(host) {
             Ok(m) => m,
             Err(e) => {
@@ -456,7 +528,7 @@ impl Planner {
         if !meta.is_file() || !self.seen_inodes.insert((meta.dev(), meta.ino())) {
             return Ok(());
         }
-        let obj = match self.parse_or_error(host) {
+        let obj = match self.parse_with(host, &meta) {
             Ok(o) => o,
             Err(e) => {
                 if explicit {

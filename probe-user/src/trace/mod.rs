@@ -1,8 +1,9 @@
 //! Stage 1, loading and attaching: which objects get which probes ([`attach`], the planner,
 //! with [`probes`] the probe table and [`aclnn`] the op-function registry), where in each
 //! function ([`placement`], [`torch_npu`] for the hidden allocator function), the BPF object
-//! and its links ([`bpf`], [`bpf_log`], [`multi_uprobe`], [`scope`], [`tracefs`]), and the
-//! target itself ([`launch`], [`target`], [`watchdog`]). The only part that needs root.
+//! and its links ([`bpf`], [`bpf_log`], [`multi_uprobe`], [`scope`], [`tracefs`]), the
+//! target itself ([`launch`], [`target`], [`watchdog`]), and what is remembered across runs
+//! ([`disk_cache`]). The only part that needs root.
 //!
 //! Uses only the shared `log` and `settings`. Nothing downstream (`events`, `state`, `session`, `analysis`, `output`,
 //! ...): the probe vocabulary flows down from here, never back (tests/layout.rs checks it).
@@ -11,6 +12,7 @@ pub mod aclnn;
 pub mod attach;
 pub mod bpf;
 pub mod bpf_log;
+pub mod disk_cache;
 pub mod launch;
 pub mod multi_uprobe;
 pub mod placement;

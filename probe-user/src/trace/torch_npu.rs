@@ -32,6 +32,8 @@ use anyhow::{Result, bail};
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use memscope_symbols::locate::{Image, exactly_one};
 
+use crate::trace::disk_cache;
+
 /// File names of the library that holds torch_npu's allocators.
 pub const LIBRARY: &str = "libtorch_npu.so";
 
@@ -265,28 +267,11 @@ pub fn locate_cached(path: &Path, identity: (u64, u64, u64, i128)) -> Result<Rep
 }
 
 fn cache_file() -> Option<PathBuf> {
-    let dir = match std::env::var_os("MEMSCOPE_BPF_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/memscope-bpf"),
-    };
-    Some(dir.join("torch_npu_sites"))
-}
-
-/// The cache file and its directory are ours, no symlinks, writable by nobody else.
-fn trusted(cache: &Path) -> bool {
-    private(cache) && cache.parent().is_some_and(private)
-}
-
-fn private(path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: no preconditions.
-    let me = unsafe { libc::geteuid() };
-    std::fs::symlink_metadata(path)
-        .is_ok_and(|m| !m.file_type().is_symlink() && m.uid() == me && m.mode() & 0o022 == 0)
+    disk_cache::file("torch_npu_sites")
 }
 
 fn cached(cache: &Path, key: &str) -> Option<ReportSite> {
-    if !trusted(cache) {
+    if !disk_cache::trusted(cache) {
         return None;
     }
     let text = std::fs::read_to_string(cache).ok()?;
@@ -310,22 +295,12 @@ fn cached(cache: &Path, key: &str) -> Option<ReportSite> {
 }
 
 fn remember(cache: &Path, key: &str, site: &ReportSite) {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let Some(dir) = cache.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() || !private(dir) {
-        return;
-    }
+    use std::io::Write;
     let layout = match site.layout {
         UsageLayout::Original => "original",
         UsageLayout::WithComponent => "with_component",
     };
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(cache)
-    {
+    if let Some(mut f) = disk_cache::open_append(cache) {
         let _ = writeln!(f, "{key} {:#x} {layout} {}", site.file_offset, site.callers);
     }
 }

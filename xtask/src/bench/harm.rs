@@ -18,6 +18,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{Bench, TAG, fmt_ns, median, result_field, spread};
 
+mod startup;
 mod torch;
 
 const SECTION: &str = "harm";
@@ -555,81 +556,6 @@ impl Bench {
                     self.cell(&w, config, "detach_ms", ms)
                 )?;
             }
-        }
-        writeln!(md)?;
-        Ok(())
-    }
-
-    /// Launch-mode start-up of a program that dlopens 200 shared objects.
-    fn harm_startup(&mut self, rounds: usize, md: &mut String) -> Result<()> {
-        println!("{TAG}   launch-mode start-up with 200 shared objects");
-        let dso_dir = self.lib.join("bench/dso");
-        let mut dsos: Vec<PathBuf> = fs::read_dir(&dso_dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        dsos.sort();
-        // Tens of milliseconds that other processes' bursts swing by as much: several runs
-        // per configuration and round, their median; the order rotates from round to round.
-        let reps = if self.opts.quick { 3 } else { 5 };
-        for round in 0..rounds {
-            for k in 0..ALL.len() {
-                let probes = ALL[(round + k) % ALL.len()];
-                let (mut own, mut wall) = (Vec::new(), Vec::new());
-                for _ in 0..reps {
-                    let out_dir = self.scratch.join("harm-startup");
-                    let _ = fs::remove_dir_all(&out_dir);
-                    let mut c = if probes == Probes::None {
-                        Command::new(self.bin.join("bench_dlopen"))
-                    } else {
-                        let mut c = self.tracer(probes, &out_dir);
-                        c.env("MEMSCOPE_BPF_DETACH", "foreground")
-                            .arg("--")
-                            .arg(self.bin.join("bench_dlopen"));
-                        c
-                    };
-                    c.args(&dsos);
-                    let started = Instant::now();
-                    let out = self.exec(c)?;
-                    wall.push(started.elapsed().as_secs_f64() * 1e3);
-                    own.push(result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e6);
-                }
-                let key = probes.key();
-                self.sample(
-                    SECTION,
-                    "dlopen_200",
-                    key,
-                    round,
-                    "program_ms",
-                    median(&own),
-                );
-                self.sample(SECTION, "dlopen_200", key, round, "wall_ms", median(&wall));
-            }
-        }
-        writeln!(
-            md,
-            "### Launch-mode start-up of a program that loads 200 shared objects\n\n\
-             `bench_dlopen` dlopens 200 small libraries by path (none holds a probed function; \
-             none was planned, so each open is an unplanned shared object). *program*: its \
-             own time from `main` to the last `dlopen`; *wall*: the whole command, tracer \
-             start-up (BPF load) and exit included. {rounds} rounds, the order rotating; in \
-             each, the median of {reps} runs per configuration.\n"
-        )?;
-        writeln!(
-            md,
-            "| configuration | program ms | vs no tracer | wall ms |\n|---|---:|---:|---:|"
-        )?;
-        let ms = |v: f64| format!("{v:.1}");
-        let base = median(&self.values(SECTION, "dlopen_200", Probes::None.key(), "program_ms"));
-        for probes in ALL {
-            let v = median(&self.values(SECTION, "dlopen_200", probes.key(), "program_ms"));
-            writeln!(
-                md,
-                "| {} | {} | {:.2}× | {} |",
-                probes.key(),
-                self.cell("dlopen_200", probes.key(), "program_ms", ms),
-                v / base,
-                self.cell("dlopen_200", probes.key(), "wall_ms", ms)
-            )?;
         }
         writeln!(md)?;
         Ok(())

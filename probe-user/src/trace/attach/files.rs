@@ -92,13 +92,16 @@ pub(super) fn split_paths(v: &[u8]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// What identifies a file's contents without reading it.
+/// What identifies a file's contents without reading it: a file rewritten in place gets new
+/// modification and change times (the change time cannot be set back by anyone), one
+/// replaced by a rename is another inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct FileId {
     pub(super) dev: u64,
     pub(super) ino: u64,
     pub(super) size: u64,
     pub(super) mtime_ns: i128,
+    pub(super) ctime_ns: i128,
 }
 
 impl FileId {
@@ -108,6 +111,7 @@ impl FileId {
             ino: meta.ino(),
             size: meta.size(),
             mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
         }
     }
 }
@@ -121,30 +125,79 @@ impl Planner {
         self.parse_or_error(host).ok()
     }
 
-    /// The parsed object at `host`, parsed once per file identity (device, inode, size,
-    /// modification time): the same library under many paths or in many processes costs one
-    /// parse, and a file replaced in place is parsed again.
+    /// The parsed object at `host`, parsed once per file identity (`FileId`): the same
+    /// library under many paths or in many processes costs one parse, and a file replaced in
+    /// place is parsed again. What was read is remembered across runs too (`lookups`).
     pub(super) fn parse_or_error(&mut self, host: &Path) -> Result<Arc<ElfObject>, String> {
         let meta =
             fs::metadata(host).map_err(|e| format!("cannot read {}: {e}", host.display()))?;
+        self.parse_with(host, &meta)
+    }
+
+    /// As `parse_or_error`, `meta` being the file's metadata just read.
+    pub(super) fn parse_with(
+        &mut self,
+        host: &Path,
+        meta: &fs::Metadata,
+    ) -> Result<Arc<ElfObject>, String> {
         let lookup = planner_lookup(host);
-        // An op library's parse holds its operator functions too.
-        let key = (FileId::of(&meta), lookup.scan.is_some());
+        let id = FileId::of(meta);
+        // An op library's parse holds its operator functions too (never on disk).
+        let key = (id, lookup.scan.is_some());
         if let Some(c) = self.elf_cache.get(&key) {
             return c.clone();
         }
-        let parsed = ElfObject::open_lookup(host, &lookup)
-            .map(Arc::new)
-            .map_err(|e| format!("{e:#}"));
+        let remembered = if lookup.scan.is_none() {
+            let found = self.lookups.get(&id);
+            for w in std::mem::take(&mut self.lookups.warnings) {
+                self.warn_once(w);
+            }
+            found
+        } else {
+            None
+        };
+        let parsed = match remembered {
+            Some(obj) => Ok(Arc::new(obj)),
+            None => {
+                let parsed = ElfObject::open_lookup(host, &lookup)
+                    .map(Arc::new)
+                    .map_err(|e| format!("{e:#}"));
+                // Remembered only when the file did not change while it was read.
+                if let Ok(obj) = &parsed
+                    && lookup.scan.is_none()
+                    && fs::metadata(host).is_ok_and(|m| FileId::of(&m) == id)
+                {
+                    self.lookups.put(&id, obj);
+                }
+                parsed
+            }
+        };
         self.elf_cache.insert(key, parsed.clone());
         parsed
     }
 }
 
 impl TargetEnv {
+    /// Paths as process `pid` sees them: through `/proc/PID/root`, unless it sees the files we
+    /// see (same root, same mount namespace), where a path needs no detour through `/proc`
+    /// (whose path walk costs several times a plain one: a directory of 200 plugins is 200).
     pub(super) fn of_process_root(pid: u32) -> Self {
+        /// Our mount namespace (the link's text) and the identity of our root.
+        type Ours = (Option<PathBuf>, Option<(u64, u64)>);
+        static OURS: std::sync::OnceLock<Ours> = std::sync::OnceLock::new();
+        let identity = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let (our_namespace, our_root) = OURS.get_or_init(|| {
+            (
+                fs::read_link("/proc/self/ns/mnt").ok(),
+                identity(Path::new("/")),
+            )
+        });
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let same_namespace = our_namespace.is_some()
+            && fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == *our_namespace;
+        let same_root = our_root.is_some() && identity(&root) == *our_root;
         TargetEnv {
-            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
+            root: (!(same_namespace && same_root)).then_some(root),
             ..Default::default()
         }
     }
