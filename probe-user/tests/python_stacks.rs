@@ -276,10 +276,16 @@ fn check_attach_mode(python: &std::path::Path, scratch_name: &str) {
 
     // py-spy's view of the paused thread: wait_for <- pause <- paused_alloc (the HAL call's
     // line) <- ...; below `pause` it must be our row's stack.
-    let spy = py_spy_frames(&dump, &paused_tid);
+    // The thread polls a file: py-spy may catch it inside the check (`exists`, a frame above
+    // `wait_for`) as well as in `wait_for`'s sleep.
+    let all_frames = py_spy_frames(&dump, &paused_tid);
+    let spy = match all_frames.iter().position(|f| f.2 == "wait_for") {
+        Some(at) => &all_frames[at..],
+        None => &all_frames[..],
+    };
     assert!(
         spy.len() > 3 && spy[0].2 == "wait_for" && spy[1].2 == "pause",
-        "py-spy frames: {spy:?}"
+        "py-spy frames: {all_frames:?}"
     );
     let paused_alloc = logged
         .iter()
