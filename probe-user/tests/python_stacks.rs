@@ -373,28 +373,8 @@ fn calls_in_sub_interpreters_have_the_sub_interpreters_frames() {
     }
     let _serial = serial();
     for (version, python) in interpreters() {
-        let dir = scratch(&format!("python_stacks_subinterp_{version}"));
-        let log = dir.join("gt.log");
-        let out_dir = dir.join("out");
-        let out = run_tracer(&[
-            "-o",
-            out_dir.to_str().unwrap(),
-            "--call-stack=python",
-            "--",
-            python.to_str().unwrap(),
-            repo_root()
-                .join("tests/fixtures/python/py_subinterp.py")
-                .to_str()
-                .unwrap(),
-            "--lib-dir",
-            fixtures().join("lib").to_str().unwrap(),
-            "--log",
-            log.to_str().unwrap(),
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{version}: {stderr}");
-        let text = std::fs::read_to_string(&log).unwrap();
-        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let (text, pid, traced) =
+            trace_subinterp(&format!("python_stacks_subinterp_{version}"), &python, &[]);
         // The program did what it says: calls in two sub-interpreters, on two threads, and in
         // the main interpreter on the main thread after its sub-interpreter ran.
         let calls = log_lines(&text, "ALLOC")
@@ -415,16 +395,49 @@ fn calls_in_sub_interpreters_have_the_sub_interpreters_frames() {
 
         let logged = logged_calls(&text);
         assert_eq!(logged.len(), 12, "{version}: {text}");
-        let pdir = process_dir(&out_dir, pid).expect("process directory");
-        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
-        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
-            .into_iter()
-            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
-            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
-            .collect();
         assert_eq!(traced, logged, "{version}: Python stacks, in order");
         eprintln!("python {version}: sub-interpreter stacks match");
     }
+}
+
+/// Runs py_subinterp.py (with `extra` arguments) under the tracer with `--call-stack=python`;
+/// returns its log, its pid, and its MALLOC/FREE rows as (event, address, Python stack).
+fn trace_subinterp(
+    name: &str,
+    python: &std::path::Path,
+    extra: &[&str],
+) -> (String, u32, Vec<(String, u64, String)>) {
+    let dir = scratch(name);
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let script = repo_root().join("tests/fixtures/python/py_subinterp.py");
+    let lib_dir = fixtures().join("lib");
+    let mut args = vec![
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--",
+        python.to_str().unwrap(),
+        script.to_str().unwrap(),
+        "--lib-dir",
+        lib_dir.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = run_tracer(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", python.display());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+    let pdir = process_dir(&out_dir, pid).expect("process directory");
+    let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
+    let traced = parse_dump_records(&dump)
+        .into_iter()
+        .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
+        .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
+        .collect();
+    (text, pid, traced)
 }
 
 /// py_subinterp.py `--let-code-go`: the `run_string` code and each sub-interpreter's code are
@@ -441,41 +454,16 @@ fn freed_code_objects_are_marked_never_named_after_their_successors() {
     }
     let _serial = serial();
     for (version, python) in interpreters() {
-        let dir = scratch(&format!("python_stacks_freed_{version}"));
-        let log = dir.join("gt.log");
-        let out_dir = dir.join("out");
-        let out = run_tracer(&[
-            "-o",
-            out_dir.to_str().unwrap(),
-            "--call-stack=python",
-            "--",
-            python.to_str().unwrap(),
-            repo_root()
-                .join("tests/fixtures/python/py_subinterp.py")
-                .to_str()
-                .unwrap(),
-            "--lib-dir",
-            fixtures().join("lib").to_str().unwrap(),
-            "--log",
-            log.to_str().unwrap(),
-            "--let-code-go",
-        ]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{version}: {stderr}");
-        let text = std::fs::read_to_string(&log).unwrap();
-        let pid: u32 = log_lines(&text, "SUMMARY")[0]["pid"].parse().unwrap();
+        let (text, _, traced) = trace_subinterp(
+            &format!("python_stacks_freed_{version}"),
+            &python,
+            &["--let-code-go"],
+        );
         let logged = logged_calls(&text);
         let in_main: Vec<bool> = text
             .lines()
             .filter(|l| l.starts_with("ALLOC ") || l.starts_with("FREE "))
             .map(|l| log_fields(l)["interp"] == "0")
-            .collect();
-        let pdir = process_dir(&out_dir, pid).expect("process directory");
-        let dump = std::fs::read_to_string(&find_files(&pdir, "memscope_dump_")[0]).unwrap();
-        let traced: Vec<(String, u64, String)> = parse_dump_records(&dump)
-            .into_iter()
-            .filter(|r| r[1] == "MALLOC" || r[1] == "FREE")
-            .map(|r| (r[1].clone(), hex(&r[8]), r[10].clone()))
             .collect();
         assert_eq!(traced.len(), logged.len(), "{version}: rows");
         let mut gone = 0;

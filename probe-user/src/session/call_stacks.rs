@@ -93,17 +93,10 @@ fn take_own<T: Clone>(
     ts_ns: u64,
     date: impl Fn(&T) -> u64,
 ) -> Option<T> {
-    let own = pending.get(&call.tid).is_some_and(|s| date(s) == ts_ns);
-    if !own {
-        return None;
-    }
-    if matches!(
-        call.call,
-        Call::RegionsRegister { .. } | Call::RegionsUnregister { .. }
-    ) {
-        pending.get(&call.tid).cloned()
-    } else {
-        pending.remove(&call.tid)
+    let own = pending.get(&call.tid).filter(|s| date(s) == ts_ns)?;
+    match call.call {
+        Call::RegionsRegister { .. } | Call::RegionsUnregister { .. } => Some(own.clone()),
+        _ => pending.remove(&call.tid),
     }
 }
 

@@ -411,11 +411,8 @@ impl Session {
         // SAFETY: no preconditions.
         unsafe { libc::sched_yield() };
         while self.planner.has_later() {
-            if lower {
-                set_consumer_nice(BACKGROUND_NICE);
-            }
             let planned = loop {
-                if let Err(e) = self.planner.plan_later(&mut self.bpf, 1) {
+                if let Err(e) = self.planner.plan_next(&mut self.bpf) {
                     break Err(e);
                 }
                 if !self.planner.has_later() || records_wait(ring) {
@@ -427,6 +424,9 @@ impl Session {
             }
             planned?;
             self.drain(ring)?;
+            if lower && self.planner.has_later() {
+                set_consumer_nice(BACKGROUND_NICE);
+            }
         }
         self.print_planner_messages();
         Ok(())

@@ -262,17 +262,12 @@ impl Planner {
         !self.later.is_empty() || !self.later_dirs.is_empty()
     }
 
-    /// Plans up to `count` of the objects queued for later (listing a queued directory counts
-    /// as one).
-    pub fn plan_later(&mut self, bpf: &mut Bpf, count: usize) -> Result<()> {
-        for _ in 0..count {
-            if let Some((dir, shown_dir)) = self.later_dirs.pop_front() {
-                self.list_siblings(&dir, &shown_dir);
-                continue;
-            }
-            let Some((host, shown)) = self.later.pop_front() else {
-                break;
-            };
+    /// Takes one step of the work queued for later: lists a queued directory, or plans one
+    /// of the objects queued.
+    pub fn plan_next(&mut self, bpf: &mut Bpf) -> Result<()> {
+        if let Some((dir, shown_dir)) = self.later_dirs.pop_front() {
+            self.list_siblings(&dir, &shown_dir);
+        } else if let Some((host, shown)) = self.later.pop_front() {
             self.consider(bpf, &host, &shown, false)?;
         }
         if !self.has_later()

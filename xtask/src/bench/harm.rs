@@ -137,6 +137,33 @@ fn interrupt(pid: u32) {
         .status();
 }
 
+/// A `--pid` tracer run as a user ends one: its "attached" line, SIGINT 0.3 s later (the
+/// handler is in place once its session runs, just after the line), exit status 130.
+struct PidRun {
+    /// From starting the command to the "attached" line.
+    to_attached_ms: f64,
+    /// From SIGINT to the tracer's exit.
+    exit_ms: f64,
+    /// Its stderr.
+    lines: Vec<String>,
+}
+
+fn run_pid_tracer(tracer: Command) -> Result<PidRun> {
+    let started = Instant::now();
+    let mut t = Watched::spawn(tracer, true)?;
+    t.wait_for("attached to pid", 120)?;
+    let to_attached_ms = started.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(300));
+    let interrupted = Instant::now();
+    interrupt(t.pid());
+    let lines = t.finish_with(130).context("tracer")?;
+    Ok(PidRun {
+        to_attached_ms,
+        exit_ms: interrupted.elapsed().as_secs_f64() * 1e3,
+        lines,
+    })
+}
+
 fn field(lines: &[String], key: &str) -> Option<f64> {
     lines
         .iter()
@@ -393,21 +420,15 @@ impl Bench {
                     let mut c = self.tracer(probes, &dir.join("out"));
                     c.env_remove("MEMSCOPE_BPF_DETACH")
                         .args(["--pid", &target.pid().to_string()]);
-                    let mut t = Watched::spawn(c, true)?;
-                    t.wait_for("attached to pid", 120)?;
-                    std::thread::sleep(Duration::from_millis(300));
-                    let interrupted = Instant::now();
-                    interrupt(t.pid());
-                    t.finish_with(130).context("tracer")?;
+                    let run = run_pid_tracer(c)?;
                     let exited = Instant::now();
-                    let exit_ms = (exited - interrupted).as_secs_f64() * 1e3;
                     self.sample(
                         SECTION,
                         "after_exit",
                         probes.key(),
                         round,
                         "exit_ms",
-                        exit_ms,
+                        run.exit_ms,
                     );
                     std::thread::sleep(Duration::from_millis(500));
                     exit_to_go = exited.elapsed().as_secs_f64();
@@ -593,14 +614,7 @@ impl Bench {
                 let mut c = self.tracer(probes, &out_dir);
                 c.env("MEMSCOPE_BPF_DETACH", "foreground")
                     .args(["--pid", &holder.pid().to_string()]);
-                let started = Instant::now();
-                let mut t = Watched::spawn(c, true)?;
-                t.wait_for("attached to pid", 120)?;
-                let attached = started.elapsed().as_secs_f64() * 1e3;
-                // Its SIGINT handler is in place once its session runs, just after the line.
-                std::thread::sleep(Duration::from_millis(300));
-                interrupt(t.pid());
-                t.finish_with(130).context("tracer")?;
+                let attached = run_pid_tracer(c)?.to_attached_ms;
                 fs::write(&hold, b"")?;
                 holder.finish()?;
                 self.sample(

@@ -205,10 +205,10 @@ impl Drop for LookupCache {
 fn digest(lookup: &Lookup) -> u64 {
     let mut names: Vec<&str> = lookup.names.to_vec();
     names.sort_unstable();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = probe_common::FNV_OFFSET;
     let mut eat = |bytes: &[u8]| {
         for b in bytes {
-            h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+            h = (h ^ *b as u64).wrapping_mul(probe_common::FNV_PRIME);
         }
     };
     eat(FORMAT.as_bytes());

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Probes, SECTION, Watched, interrupt};
+use super::{Probes, SECTION, run_pid_tracer};
 use crate::bench::{Bench, TAG, median};
 
 /// What the real script needs: its interpreter, the simulated CANN, the script.
@@ -261,13 +261,8 @@ impl Bench {
                     "--pid",
                     &pid.to_string(),
                 ]);
-                let started = Instant::now();
-                let mut t = Watched::spawn(c, true)?;
-                t.wait_for("attached to pid", 120)?;
-                let attached = started.elapsed().as_secs_f64() * 1e3;
-                std::thread::sleep(Duration::from_millis(300));
-                interrupt(t.pid());
-                let lines = t.finish_with(130).context("tracer")?;
+                let run = run_pid_tracer(c)?;
+                let (lines, attached) = (run.lines, run.to_attached_ms);
                 let key = Probes::Scoped.key();
                 self.sample(SECTION, ATTACH, key, round, "to_attached_ms", attached);
                 let number_after = |needle: &str| {
