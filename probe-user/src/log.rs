@@ -1,5 +1,7 @@
 //! Console messages on stderr (stdout belongs to the traced program), with a level filter.
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::settings::LogLevel;
@@ -43,4 +45,26 @@ pub fn warn(msg: &str) {
 
 pub fn error(msg: &str) {
     emit(LogLevel::Error, "error: ", msg);
+}
+
+/// A user's text for a one-line message: control characters escaped, bytes that are not UTF-8
+/// as `\xNN`.
+pub fn shown_os(s: &OsStr) -> String {
+    let mut out = String::new();
+    for chunk in s.as_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c.is_control() {
+                true => out.extend(c.escape_default()),
+                false => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+pub fn shown(s: &str) -> String {
+    shown_os(OsStr::new(s))
 }

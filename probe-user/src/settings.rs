@@ -1,6 +1,14 @@
 //! The run settings: what to collect (events, levels, devices, stacks), which analyses, how
 //! to write, as the tracer, the writers and the agent consume them. The command line (`cli`)
 //! and the agent's options build them; config.json (`output::config_json`) records them.
+//!
+//! Each setting also knows how msMemScope spells it (`EventSet::parse`, `impl FromStr`, ...):
+//! a refused value comes back as a [`Refused`] reason and remarks on an accepted one as
+//! [`Notice`]s; `cli` names the option and words both for the user.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::str::FromStr;
 
 /// `oomTopK` when `--analysis=oom` gives no K (and the value written to config.json otherwise).
 pub const DEFAULT_OOM_TOP_K: u32 = 10;
@@ -10,6 +18,118 @@ pub const MAX_NPU_SLOTS: u32 = 32;
 pub const UNKNOWN_DEVICE_ID: u32 = 9999;
 /// `watchConfig.outputId` when no outid is given.
 pub const WATCH_NO_OUTPUT_ID: u32 = u32::MAX;
+/// `--call-stack` depth when a kind gives none, and the deepest allowed.
+pub const DEFAULT_CALL_STACK_DEPTH: u32 = 50;
+pub const MAX_CALL_STACK_DEPTH: u32 = 1000;
+pub const MAX_OOM_TOP_K: u32 = 1000;
+/// Longest `--watch` start/end name in bytes (msMemScope stores them in 255-byte C buffers).
+pub const MAX_WATCH_NAME_LEN: usize = 254;
+
+/// Why a value was refused: the part at fault (or the whole value; `None` where it is too long
+/// to show) and what was wrong or expected. The text is the user's, unescaped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub part: Option<String>,
+    pub why: String,
+}
+
+impl Refused {
+    pub fn new(part: &str, why: impl Into<String>) -> Self {
+        Refused {
+            part: Some(part.to_owned()),
+            why: why.into(),
+        }
+    }
+}
+
+/// A remark on an accepted value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// `old` is msMemScope's deprecated spelling of `new`.
+    Deprecated {
+        old: &'static str,
+        new: &'static str,
+    },
+    /// A part of the value that has no effect, and why.
+    Ignored(String),
+}
+
+/// Split a list value on ASCII ',' and full-width '，' (U+FF0C), skipping empty tokens.
+pub fn split_list(value: &str) -> Vec<&str> {
+    value
+        .split([',', '\u{ff0c}'])
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Byte-level [`split_list`] for values that may not be UTF-8. The full-width comma is matched
+/// as its whole UTF-8 sequence, so it never splits another character.
+pub fn split_list_os(value: &OsStr) -> Vec<&OsStr> {
+    const FW: &[u8] = "\u{ff0c}".as_bytes();
+    let mut out = Vec::new();
+    for mut part in value.as_bytes().split(|&b| b == b',') {
+        while let Some(i) = part.windows(FW.len()).position(|w| w == FW) {
+            out.push(&part[..i]);
+            part = &part[i + FW.len()..];
+        }
+        out.push(part);
+    }
+    out.retain(|t| !t.is_empty());
+    out.into_iter().map(OsStr::from_bytes).collect()
+}
+
+/// The tokens of a list value; an empty list is refused, saying `if_empty`.
+pub fn list<'a>(value: &'a str, if_empty: &str) -> Result<Vec<&'a str>, Refused> {
+    let tokens = split_list(value);
+    match tokens.is_empty() {
+        true => Err(Refused::new(value, if_empty)),
+        false => Ok(tokens),
+    }
+}
+
+/// Which of `names` a list names (`names[i]` sets `out[i]`); `Err` carries any other token.
+fn flags<'a, const N: usize>(tokens: &[&'a str], names: [&str; N]) -> Result<[bool; N], &'a str> {
+    let mut out = [false; N];
+    for t in tokens {
+        out[names.iter().position(|n| n == t).ok_or(*t)?] = true;
+    }
+    Ok(out)
+}
+
+/// Whether a list named `none`, which clears it (with a notice when other `what` are named).
+fn cleared(none: bool, tokens: &[&str], what: &str, notices: &mut Vec<Notice>) -> bool {
+    if none && tokens.len() > 1 {
+        notices.push(Notice::Ignored(format!(
+            "'none' mixed with other {what} cleared"
+        )));
+    }
+    none
+}
+
+/// A plain decimal number: digits only, no sign, no leading zero (unless `allow_zero` and the
+/// value is exactly "0"), fits u32.
+pub fn parse_decimal(s: &str, allow_zero: bool) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match s.starts_with('0') {
+        true => (allow_zero && s == "0").then_some(0),
+        false => s.parse().ok(),
+    }
+}
+
+/// `stoul(s, nullptr, 0)`-style number: `0x` hex, leading-0 octal or decimal; whole string.
+pub fn parse_c_number(s: &str) -> Option<u32> {
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => (h, 16),
+        None if s.len() > 1 && s.starts_with('0') => (&s[1..], 8),
+        None => (s, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u32::from_str_radix(digits, radix).ok()
+}
 
 /// Event kinds (config.json bits: 0 alloc, 1 free, 2 launch, 3 access).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +184,31 @@ impl EventSet {
         }
         e
     }
+
+    /// `--events`: a list of event kinds; `none` clears, `traceback` is accepted and ignored.
+    pub fn parse(s: &str, notices: &mut Vec<Notice>) -> Result<EventSet, Refused> {
+        let what = "expected a list of alloc, free, launch, access, traceback or none \
+                    (use 'none' for no events)";
+        let tokens = list(s, what)?;
+        let names = ["alloc", "free", "launch", "access", "traceback", "none"];
+        let [alloc, free, launch, access, traceback, none] = flags(&tokens, names)
+            .map_err(|t| Refused::new(t, format!("invalid event trace type, {what}")))?;
+        if cleared(none, &tokens, "event types, all events", notices) {
+            return Ok(EventSet::NONE);
+        }
+        if traceback {
+            notices.push(Notice::Ignored(format!(
+                "'traceback' (Python function tracing) is not supported by {} and is ignored",
+                env!("CARGO_PKG_NAME")
+            )));
+        }
+        Ok(EventSet {
+            alloc,
+            free,
+            launch,
+            access,
+        })
+    }
 }
 
 /// Trace levels (config.json `levelType`: bit0 op, bit1 kernel).
@@ -87,6 +232,27 @@ impl Levels {
     /// Bitfield as written to config.json.
     pub fn bits(&self) -> u8 {
         u8::from(self.op) | (u8::from(self.kernel) << 1)
+    }
+
+    /// `--level`: op and/or kernel; msMemScope's numbers 0 and 1 with a deprecation notice.
+    pub fn parse(s: &str, notices: &mut Vec<Notice>) -> Result<Levels, Refused> {
+        let tokens = list(
+            s,
+            "invalid data trace level, expected op, kernel or op,kernel",
+        )?;
+        let what =
+            "invalid data trace level, expected op or kernel (a list like op,kernel is allowed)";
+        let [op, kernel, zero, one] =
+            flags(&tokens, ["op", "kernel", "0", "1"]).map_err(|t| Refused::new(t, what))?;
+        for (given, old, new) in [(zero, "0", "op"), (one, "1", "kernel")] {
+            if given {
+                notices.push(Notice::Deprecated { old, new });
+            }
+        }
+        Ok(Levels {
+            op: op || zero,
+            kernel: kernel || one,
+        })
     }
 }
 
@@ -123,6 +289,34 @@ impl DeviceFilter {
     /// Whether CPU (host) events are kept.
     pub fn wants_cpu(&self) -> bool {
         self.cpu
+    }
+}
+
+/// `--device`: npu, cpu or npu:N (N in C notation: `npu:0x1f`, `npu:010`).
+impl FromStr for DeviceFilter {
+    type Err = Refused;
+
+    fn from_str(s: &str) -> Result<Self, Refused> {
+        const EXPECTED: &str = "expected npu, cpu or npu:N with N < 32";
+        let mut d = DeviceFilter {
+            all_npu: false,
+            npu_mask: 0,
+            cpu: false,
+        };
+        for t in list(s, &format!("{EXPECTED} (at least one device)"))? {
+            match t {
+                "npu" => d.all_npu = true,
+                "cpu" => d.cpu = true,
+                _ => {
+                    let n = t.strip_prefix("npu:").and_then(parse_c_number);
+                    let n = n
+                        .filter(|n| *n < MAX_NPU_SLOTS)
+                        .ok_or_else(|| Refused::new(t, EXPECTED))?;
+                    d.npu_mask |= 1 << n;
+                }
+            }
+        }
+        Ok(d)
     }
 }
 
@@ -180,6 +374,38 @@ impl AnalysisSet {
         }
         e
     }
+
+    /// `--analysis`: leaks, decompose, inefficient, oom[:K] or none.
+    pub fn parse(s: &str, notices: &mut Vec<Notice>) -> Result<AnalysisSet, Refused> {
+        const EXPECTED: &str = "invalid analysis type, expected a list of leaks, decompose, \
+                                inefficient, oom[:K] or none";
+        let mut tokens = list(s, &format!("{EXPECTED} (use 'none' for no analysis)"))?;
+        let mut top_k = None;
+        for t in tokens.iter_mut() {
+            if let Some(k) = t.strip_prefix("oom:") {
+                let why = format!(
+                    "invalid OOM top-K value '{k}', expected an integer from 1 to {MAX_OOM_TOP_K} \
+                     without leading zeros"
+                );
+                let k = parse_decimal(k, false).filter(|k| (1..=MAX_OOM_TOP_K).contains(k));
+                top_k = Some(k.ok_or_else(|| Refused::new(t, why))?);
+                *t = "oom";
+            }
+        }
+        let names = ["leaks", "decompose", "inefficient", "oom", "none"];
+        let [leaks, decompose, inefficient, oom, none] =
+            flags(&tokens, names).map_err(|t| Refused::new(t, EXPECTED))?;
+        if cleared(none, &tokens, "analysis types, all analyses", notices) {
+            return Ok(AnalysisSet::default());
+        }
+        let oom_top_k = oom.then(|| top_k.unwrap_or(DEFAULT_OOM_TOP_K));
+        Ok(AnalysisSet {
+            leaks,
+            decompose,
+            inefficient,
+            oom_top_k,
+        })
+    }
 }
 
 /// Call-stack capture; `None` disables that kind of stack.
@@ -190,6 +416,44 @@ pub struct CallStack {
     /// `mixed[:D]` (ours): both stacks, and in the C column each `_PyEval_EvalFrameDefault`
     /// frame is replaced by the Python frames it was running.
     pub mixed: bool,
+}
+
+/// `--call-stack`: c[:DEPTH], python[:DEPTH] or mixed[:DEPTH]; an empty value disables stacks.
+impl FromStr for CallStack {
+    type Err = Refused;
+
+    fn from_str(s: &str) -> Result<Self, Refused> {
+        let mut cs = CallStack::default();
+        for t in split_list(s) {
+            let (kind, depth) = match t.split_once(':') {
+                Some((k, d)) => match parse_decimal(d, true).filter(|d| *d <= MAX_CALL_STACK_DEPTH)
+                {
+                    Some(depth) => (k, depth),
+                    None => {
+                        let what = "invalid call-stack depth, expected c[:DEPTH] or \
+                                    python[:DEPTH] with DEPTH from 0 to 1000 without leading zeros";
+                        return Err(Refused::new(t, what));
+                    }
+                },
+                None => (t, DEFAULT_CALL_STACK_DEPTH),
+            };
+            match kind {
+                "c" => cs.c_depth = Some(depth),
+                "python" => cs.python_depth = Some(depth),
+                "mixed" => {
+                    cs.c_depth = Some(depth);
+                    cs.python_depth = Some(cs.python_depth.unwrap_or(depth));
+                    cs.mixed = true;
+                }
+                _ => {
+                    let what = "expected c[:DEPTH], python[:DEPTH] or mixed[:DEPTH] (an empty \
+                                value disables stacks)";
+                    return Err(Refused::new(t, what));
+                }
+            }
+        }
+        Ok(cs)
+    }
 }
 
 /// `--collect-mode`.
@@ -239,6 +503,24 @@ impl LogLevel {
     pub fn config_value(self) -> u8 {
         self as u8
     }
+
+    /// `--log-level`; `warn` is msMemScope's deprecated spelling of `warning`.
+    pub fn parse(s: &str, notices: &mut Vec<Notice>) -> Result<LogLevel, Refused> {
+        Ok(match s {
+            "debug" => LogLevel::Debug,
+            "info" => LogLevel::Info,
+            "warning" => LogLevel::Warning,
+            "warn" => {
+                notices.push(Notice::Deprecated {
+                    old: "warn",
+                    new: "warning",
+                });
+                LogLevel::Warning
+            }
+            "error" => LogLevel::Error,
+            _ => return Err(Refused::new(s, "expected debug, info, warning or error")),
+        })
+    }
 }
 
 /// Parsed `--watch=[start[:outid]],end[,full-content]`.
@@ -252,4 +534,51 @@ pub struct WatchConfig {
     pub end: String,
     /// Dump full tensor contents instead of checksums.
     pub full_content: bool,
+}
+
+/// `--watch=[START[:OUTID]],END[,full-content]`.
+impl FromStr for WatchConfig {
+    type Err = Refused;
+
+    fn from_str(value: &str) -> Result<Self, Refused> {
+        const EXPECTED: &str = "invalid watch config, expected [START[:OUTID]],END[,full-content] \
+                                (the comma before END is required; OUTID needs a START)";
+        let bad = |why: &str| Refused::new(value, format!("{why}; {EXPECTED}"));
+        let Some((start_part, rest)) = value.split_once(',') else {
+            return Err(bad("missing ','"));
+        };
+        let (end, full_content) = match rest.split_once(',') {
+            None => (rest, false),
+            Some((e, "full-content")) => (e, true),
+            Some((_, t)) => return Err(bad(&format!("unexpected '{t}' after END"))),
+        };
+        if end.is_empty() {
+            return Err(bad("END is empty"));
+        }
+        let (start, output_id) = match start_part.split_once(':') {
+            Some(("", _)) => return Err(bad("an OUTID needs a START name")),
+            Some((s, id)) => {
+                let why = "is not an unsigned 32-bit integer without leading zeros";
+                let id =
+                    parse_decimal(id, true).ok_or_else(|| bad(&format!("OUTID '{id}' {why}")))?;
+                (Some(s), Some(id))
+            }
+            None => (Some(start_part).filter(|s| !s.is_empty()), None),
+        };
+        if let Some(name) = start
+            .iter()
+            .chain([&end])
+            .find(|n| n.len() > MAX_WATCH_NAME_LEN)
+        {
+            let name: String = name.chars().take(32).collect();
+            let why = format!("the name '{name}...' is longer than {MAX_WATCH_NAME_LEN} bytes");
+            return Err(bad(&why));
+        }
+        Ok(WatchConfig {
+            start: start.map(str::to_owned),
+            output_id,
+            end: end.to_owned(),
+            full_content,
+        })
+    }
 }

@@ -181,17 +181,18 @@ pub struct Options {
     /// collected together, access implies both ('traceback' is
     /// accepted for compatibility and ignored)
     #[arg(long = "events", value_name = "LIST", help_heading = "WHAT TO COLLECT",
-        default_value = "alloc,free,launch", value_parser = Check(v::events), verbatim_doc_comment)]
+        default_value = "alloc,free,launch", verbatim_doc_comment,
+        value_parser = Check(|o, v| v::spelled(o, v, EventSet::parse)))]
     pub dump_events: EventSet,
 
     /// op | kernel [default: op] (deprecated: 0 = op, 1 = kernel)
     #[arg(long = "level", value_name = "LIST", help_heading = "WHAT TO COLLECT",
-        default_value = "op", value_parser = Check(v::levels))]
+        default_value = "op", value_parser = Check(|o, v| v::spelled(o, v, Levels::parse)))]
     pub levels: Levels,
 
     /// npu | npu:N (N < 32) | cpu [default: npu, i.e. every NPU]
     #[arg(long = "device", value_name = "LIST", help_heading = "WHAT TO COLLECT",
-        default_value = "npu", value_parser = Check(v::devices))]
+        default_value = "npu", value_parser = Check(v::parsed::<DeviceFilter>))]
     pub devices: DeviceFilter,
 
     /// c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
@@ -201,7 +202,7 @@ pub struct Options {
     /// with the Python frames in the C column in place of the
     /// interpreter loop (_PyEval_EvalFrameDefault) running them
     #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT", default_value = "",
-        value_parser = Check(v::call_stack), verbatim_doc_comment)]
+        value_parser = Check(v::parsed::<CallStack>), verbatim_doc_comment)]
     pub call_stack: CallStack,
 
     /// immediate | deferred [default: immediate]
@@ -216,7 +217,7 @@ pub struct Options {
     /// [START[:OUTID]],END[,full-content]: watch the outputs of
     /// op START until op END (the comma before END is required)
     #[arg(long, value_name = "SPEC", help_heading = "WHAT TO COLLECT",
-        value_parser = Check(v::watch), verbatim_doc_comment)]
+        value_parser = Check(v::parsed::<WatchConfig>), verbatim_doc_comment)]
     pub watch: Option<WatchConfig>,
 
     /// BPF ring buffer size, a power of two 1..=1024 [default: 64]
@@ -237,7 +238,7 @@ pub struct Options {
     /// oom: on an out-of-memory failure, the K newest and K largest
     ///   live blocks with their stacks
     #[arg(long, value_name = "LIST", help_heading = "ANALYSIS", default_value = "leaks",
-        value_parser = Check(v::analysis), verbatim_doc_comment)]
+        value_parser = Check(|o, v| v::spelled(o, v, AnalysisSet::parse)), verbatim_doc_comment)]
     pub analysis: AnalysisSet,
 
     /// csv | db [default: csv] [alias: --data-format, deprecated]
@@ -283,7 +284,8 @@ pub enum Sub {
 #[derive(Args, Debug, Default)]
 pub struct LogArgs {
     /// debug | info | warning | error [default: info]
-    #[arg(long, value_name = "LEVEL", help_heading = "MISC", value_parser = Check(v::log_level))]
+    #[arg(long, value_name = "LEVEL", help_heading = "MISC",
+        value_parser = Check(|o, v| v::spelled(o, v, LogLevel::parse)))]
     pub log_level: Option<LogLevel>,
     /// Same as --log-level=debug
     #[arg(short, long, visible_alias = "debug", help_heading = "MISC")]
@@ -335,7 +337,7 @@ pub struct AnalyzeArgs {
 
     /// exit | peak | SECONDS after the dump's first event
     /// [default: exit]: when --by-site/--by-stack look
-    #[arg(long, value_name = "WHEN", value_parser = Check(v::at), verbatim_doc_comment)]
+    #[arg(long, value_name = "WHEN", value_parser = Check(v::parsed::<At>), verbatim_doc_comment)]
     pub at: Option<At>,
 
     /// Write memscope_timeline_<MS>ms.csv under -o: the local
@@ -370,7 +372,7 @@ pub struct ReportArgs {
     ///   chrome://tracing); folded: <stem>.exit.folded and
     ///   <stem>.peak.folded (flamegraph.pl); speedscope:
     ///   <stem>.speedscope.json, live bytes at the end and peak
-    #[arg(long, value_name = "LIST", value_parser = Check(v::report_formats), default_value = "html",
+    #[arg(long, value_name = "LIST", value_parser = Check(v::parsed::<Formats>), default_value = "html",
         verbatim_doc_comment)]
     pub format: Formats,
 

@@ -3,10 +3,10 @@
 //! msMemScope's options, defaults, value rules and deprecated aliases (spec, section 4), except
 //! that everything from the first non-option argument on belongs to the traced program, untouched
 //! (msMemScope's getopt also consumed options after it). `args.rs` declares the options,
-//! `values.rs` checks what clap cannot; this file sets the mode, checks what spans several
-//! options and words clap's errors. `--help`/`--version` are `Err` with `exit_code` 0 (print on
-//! stdout); usage errors have `exit_code` 2. Uses `crate::settings`, `crate::report`'s request
-//! types and `crate::offline`'s input rules.
+//! `values.rs` gives clap the value rules (each type's own, in `crate::settings` and
+//! `crate::report`; `crate::output`'s path rules, `crate::offline`'s input rules); this file
+//! sets the mode, checks what spans several options and words clap's errors. `--help` and
+//! `--version` are `Err` with `exit_code` 0 (print on stdout); usage errors have `exit_code` 2.
 
 mod args;
 #[cfg(test)]
@@ -22,11 +22,12 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
+use crate::log::{shown, shown_os};
 use crate::settings::*;
 pub use args::Options;
 use args::{Cli, Sub};
 pub use types::*;
-use values::{List, shown, shown_os};
+use values::List;
 
 /// The clap command. An option's value is the next argument whatever it looks like, as with
 /// getopt (`--events -v` is an error about "-v"); the program's positional keeps clap's default,

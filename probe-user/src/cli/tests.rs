@@ -1,10 +1,9 @@
 //! Unit tests of the command line: every option, alias, list form and error message.
 
-use super::values::{check_output_dir, parse_c_number, parse_decimal, parse_watch};
-use super::values::{lexical_absolute, split_list, split_list_os};
 use super::*;
 use crate::offline::MAX_COMPARE_INPUT_BYTES;
 use crate::output::config_json::{config_json, json_escape};
+use crate::output::paths::{check_output_dir, lexical_absolute};
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,6 +89,10 @@ fn help_text() -> String {
 
 fn os(s: &str) -> OsString {
     OsString::from(s)
+}
+
+fn parse_watch(s: &str) -> Result<WatchConfig, Refused> {
+    s.parse()
 }
 
 // ----- defaults -----------------------------------------------------------------------

@@ -1,5 +1,5 @@
-//! The mode, the usage error, and the limits the value parsers check (`Options` itself is
-//! declared with its options in `args.rs`). Nothing here parses.
+//! The mode, the usage error, and the limits of the options only the command line has
+//! (`Options` itself is declared with its options in `args.rs`). Nothing here parses.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -7,21 +7,10 @@ use std::path::PathBuf;
 
 /// Name used in messages, usage lines and `--version`.
 pub const PROGRAM_NAME: &str = "memscope-bpf";
-/// Relative to the current directory.
-pub const DEFAULT_OUTPUT_DIR: &str = "memscopeDumpResults";
-pub const DEFAULT_CALL_STACK_DEPTH: u32 = 50;
-pub const MAX_CALL_STACK_DEPTH: u32 = 1000;
-pub const MAX_OOM_TOP_K: u32 = 1000;
 /// At most this many `--steps` values (`SelectedStepList.stepIdList[5]`).
 pub const MAX_STEPS: usize = 5;
 pub const DEFAULT_RING_BUFFER_MIB: u32 = 64;
 pub const MAX_RING_BUFFER_MIB: u32 = 1024;
-/// msMemScope's output path limits: bytes in a path, bytes in a component, '/' separators.
-pub const MAX_PATH_LEN: usize = 4096;
-pub const MAX_PATH_COMPONENT_LEN: usize = 255;
-pub const MAX_PATH_SLASHES: usize = 32;
-/// Longest `--watch` start/end name in bytes (msMemScope stores them in 255-byte C buffers).
-pub const MAX_WATCH_NAME_LEN: usize = 254;
 /// Exit code for usage errors.
 pub const EXIT_USAGE: i32 = 2;
 

@@ -14,7 +14,16 @@ pub mod analyze;
 pub mod compare;
 pub mod reader;
 
-use std::{fmt, path::Path};
+use std::ffi::OsStr;
+use std::ops::RangeInclusive;
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use crate::log::shown_os;
+use crate::output::paths::{MAX_PATH_LEN, is_readable, too_long};
+use crate::settings::{Refused, split_list_os};
 
 /// Largest accepted input dump (8 GiB).
 pub const MAX_COMPARE_INPUT_BYTES: u64 = 8 << 30;
@@ -86,6 +95,40 @@ pub fn check_input_file(path: &Path) -> Result<u64, InputError> {
         ));
     }
     Ok(md.len())
+}
+
+/// The inputs named by one `--input-path` value (a list): `counts` of them (else the refusal says
+/// `expected`), each a readable file under [`check_input_file`]'s rules or, where `dirs`, a run
+/// directory.
+pub fn input_paths(
+    v: &OsStr,
+    counts: RangeInclusive<usize>,
+    expected: &str,
+    dirs: bool,
+) -> Result<Vec<PathBuf>, Refused> {
+    too_long(v, if dirs { 2 * MAX_PATH_LEN } else { MAX_PATH_LEN })?;
+    let (whole, tokens) = (shown_os(v), split_list_os(v));
+    let bad = |why: String| Refused::new(&whole, why);
+    if !counts.contains(&tokens.len()) {
+        return Err(bad(format!("{expected}, got {}", tokens.len())));
+    }
+    let input = |t: &OsStr| {
+        let path = PathBuf::from(t);
+        match std::fs::symlink_metadata(&path) {
+            Ok(md) if dirs && md.is_dir() => return Ok(path),
+            Err(e) if dirs => return Err(bad(format!("cannot read '{}': {e}", shown_os(t)))),
+            _ => {}
+        }
+        let t = shown_os(t);
+        match check_input_file(&path) {
+            Err(e) => Err(bad(format!("invalid paths, '{t}' {}", e.message))),
+            Ok(_) if !is_readable(&path) => {
+                Err(bad(format!("invalid paths, '{t}' is not readable")))
+            }
+            Ok(_) => Ok(path),
+        }
+    };
+    tokens.into_iter().map(input).collect()
 }
 
 /// Text for a message: control characters escaped, cut to `max` characters.

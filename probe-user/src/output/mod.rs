@@ -5,7 +5,8 @@
 //! Stage 5, the writers: rows (`state::Row`, re-exported here) to CSV ([`csv`]) or SQLite
 //! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]),
 //! the leak report of the blocks still live when a process ends ([`leaks`]), and the files of
-//! the analyses (`decompose.rs`: `Decompose::write_csv`).
+//! the analyses (`decompose.rs`: `Decompose::write_csv`), and msMemScope's rules for output
+//! paths, checked when the command line is read ([`paths`]).
 //!
 //! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `cli` (config.json
 //! records the options as given), `digits` and `log`. Never `trace`, `events`, `session`,
@@ -18,6 +19,7 @@ pub mod db;
 mod decompose;
 pub mod fsutil;
 pub mod leaks;
+pub mod paths;
 
 pub use crate::state::{DeviceKey, Row};
 pub use csv::ProcessOutput;

@@ -29,6 +29,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::log;
+use crate::settings::{Refused, split_list};
 use model::{LiveBlock, Model, Moment, TrackKey};
 
 /// What `report` writes.
@@ -38,6 +39,31 @@ pub struct Formats {
     pub perfetto: bool,
     pub folded: bool,
     pub speedscope: bool,
+}
+
+/// `report --format`: a list of html, perfetto, folded, speedscope.
+impl std::str::FromStr for Formats {
+    type Err = Refused;
+
+    fn from_str(s: &str) -> Result<Self, Refused> {
+        let mut f = Formats::default();
+        for t in split_list(s) {
+            match t {
+                "html" => f.html = true,
+                "perfetto" => f.perfetto = true,
+                "folded" => f.folded = true,
+                "speedscope" => f.speedscope = true,
+                _ => {
+                    let what = "'report' writes html, perfetto, folded or speedscope (a list)";
+                    return Err(Refused::new(s, what));
+                }
+            }
+        }
+        match f == Formats::default() {
+            true => Err(Refused::new(s, "name at least one format")),
+            false => Ok(f),
+        }
+    }
 }
 
 /// `report`'s request, from the command line.
@@ -69,6 +95,25 @@ pub enum At {
     After(u64),
     Peak,
     Exit,
+}
+
+/// `--at=exit|peak|SECONDS`.
+impl std::str::FromStr for At {
+    type Err = Refused;
+
+    fn from_str(s: &str) -> Result<Self, Refused> {
+        match (s, s.parse::<f64>()) {
+            ("exit" | "end", _) => Ok(At::Exit),
+            ("peak", _) => Ok(At::Peak),
+            (_, Ok(secs)) if (0.0..1e9).contains(&secs) => {
+                Ok(At::After((secs * 1e9).round() as u64))
+            }
+            _ => {
+                let what = "expected exit, peak or seconds after the dump's first event (e.g. 1.5)";
+                Err(Refused::new(s, what))
+            }
+        }
+    }
 }
 
 /// Writes `bytes` to `path`, replacing a regular file there (never writing through a
