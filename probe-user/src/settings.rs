@@ -26,7 +26,8 @@ pub const MAX_OOM_TOP_K: u32 = 1000;
 pub const MAX_WATCH_NAME_LEN: usize = 254;
 
 /// Why a value was refused: the part at fault (or the whole value; `None` where it is too long
-/// to show) and what was wrong or expected. The text is the user's, unescaped.
+/// to show) and what was wrong or expected. User text in it is not escaped: whoever shows it
+/// does that.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
     pub part: Option<String>,
