@@ -437,9 +437,12 @@ fn real_torch_npu_launch_mode() {
     };
     let _serial = serial();
     let mut runs = Vec::new();
+    // The runs' directories stay until the comparison below has read their dumps.
+    let mut dirs = Vec::new();
     for venv in venvs {
         let dir = scratch(&format!("real-torch-launch-{}", bed_release(&venv)));
         let run = launch(&venv, &dir);
+        dirs.push(dir);
         let what = format!("launch, {}", bed_release(&venv));
         check(&run, &what);
         check_decompose(&run, &what);
