@@ -37,6 +37,7 @@ impl Session {
                 }
             }
             let p = self.reorder.pop().expect("peeked");
+            self.released_ts = self.released_ts.max(p.ts);
             let c_stack = p.stack.and_then(|(_, text)| text);
             let py_stack = p.py_stack;
             match p.event {
