@@ -144,12 +144,8 @@ impl Session {
                     }
                     let stack = self.stack_job(&ev, raw.ts_ns);
                     let py_stack = self.python_stack_of(&ev, raw.ts_ns);
-                    let ts = ev.ts_mono();
-                    if ts < self.released_ts {
-                        self.late += 1;
-                    }
                     self.reorder.push(Pending {
-                        ts,
+                        ts: ev.ts_mono(),
                         seq: self.seq,
                         event: ev,
                         stack,
