@@ -383,6 +383,10 @@ impl Session {
             }
             self.handle_record(&item)?;
         }
+        // The stacks of this drain's samples, to the worker in one go.
+        if let Some(r) = &mut self.stacks {
+            r.send_queued();
+        }
         Ok(())
     }
 

@@ -17,8 +17,8 @@ impl Session {
         let horizon = clock_ns(libc::CLOCK_MONOTONIC)
             .saturating_sub(REORDER_WINDOW_NS)
             .min(self.flushed_at);
-        while let Some(top) = self.reorder.peek() {
-            if !all && top.ts > horizon {
+        while let Some((ts, _)) = self.reorder.first_key() {
+            if !all && ts > horizon {
                 break;
             }
             // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
