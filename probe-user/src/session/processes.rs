@@ -23,7 +23,8 @@ impl Session {
             }
             // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
             if let Some(top) = self.reorder.peek_mut()
-                && let Some((job, text)) = &mut top.stack
+                && let Some(stacks) = &mut top.stacks
+                && let Some((job, text)) = &mut stacks.c
                 && text.is_none()
                 && let Some(resolver) = &mut self.stacks
             {
@@ -37,11 +38,13 @@ impl Session {
                 }
             }
             let p = self.reorder.pop().expect("peeked");
-            let c_stack = p.stack.and_then(|(_, text)| text);
-            let py_stack = p.py_stack;
+            let (c_stack, py_stack) = match p.stacks {
+                Some(s) => (s.c.and_then(|(_, text)| text), s.python),
+                None => (None, None),
+            };
             match p.event {
                 Decoded::Call(call) => {
-                    let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
+                    let ts = (call.ts_mono as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
                     let mut rows = std::mem::take(&mut self.rows);
                     self.traced(call.pid);
