@@ -174,6 +174,12 @@ pub struct Session {
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
     flushed_at: u64,
+    /// The newest timestamp applied so far: an event dated before it came too late for the
+    /// reorder window and its rows are out of time order.
+    released_ts: u64,
+    /// Such late events, and how many of them were already reported.
+    late: u64,
+    late_reported: u64,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -213,6 +219,9 @@ impl Session {
             python_checked: None,
             kernel_names: KernelNames::default(),
             flushed_at: 0,
+            released_ts: 0,
+            late: 0,
+            late_reported: 0,
         }
     }
 
@@ -477,6 +486,16 @@ impl Session {
             ));
         }
         self.reported = now;
+        if self.late > self.late_reported {
+            log::warn(&format!(
+                "{} event(s) reached the tracer more than {} ms after they happened (the tracer \
+                 or a traced call was held off the CPU that long): their rows are written out \
+                 of time order",
+                self.late - self.late_reported,
+                REORDER_WINDOW_NS / 1_000_000
+            ));
+            self.late_reported = self.late;
+        }
     }
 
     fn print_planner_messages(&mut self) {

@@ -38,6 +38,7 @@ impl Session {
                 }
             }
             let p = self.reorder.pop().expect("peeked");
+            self.released_ts = self.released_ts.max(ts);
             let (c_stack, py_stack) = match p.stacks {
                 Some(s) => (s.c.and_then(|(_, text)| text), s.python),
                 None => (None, None),
