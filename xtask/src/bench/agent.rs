@@ -252,14 +252,15 @@ impl Bench {
         self.md.push_str(&md);
         let path = self.repo.join("docs/benchmarks-agent.md");
         let mut doc = String::from(
-            "# Benchmarks: the node agent\n\nWritten by `cargo xtask bench --only agent`",
+            "# Benchmarks: the node agent\n\nWritten by `cargo xtask bench --only agent",
         );
         if self.opts.quick {
             doc.push_str(" --quick");
         }
+        doc.push('`');
         writeln!(
             doc,
-            " on {} (kernel {}, load average {}). Times are for this machine only; \
+            " on {} (kernel {}, load average {} at the end). Times are for this machine only; \
              docs/benchmark-notes.md has the side-by-side comparisons of builds.\n",
             super::harm::chrono_like_now(),
             super::harm::kernel_release(),
