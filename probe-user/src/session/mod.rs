@@ -144,6 +144,8 @@ struct Traced {
     state: ProcessState,
     out: ProcessOutput,
     finished: bool,
+    /// The newest event time applied to this process (CLOCK_MONOTONIC ns).
+    applied_ts: u64,
 }
 
 pub struct Session {
@@ -174,10 +176,9 @@ pub struct Session {
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
     flushed_at: u64,
-    /// The newest timestamp applied so far: an event dated before it came too late for the
-    /// reorder window and its rows are out of time order.
-    released_ts: u64,
-    /// Such late events, and how many of them were already reported.
+    /// Events applied after a later one of the same process (they reached us after the reorder
+    /// window had let it through): their rows are out of time order. And how many of them were
+    /// already reported.
     late: u64,
     late_reported: u64,
 }
@@ -219,7 +220,6 @@ impl Session {
             python_checked: None,
             kernel_names: KernelNames::default(),
             flushed_at: 0,
-            released_ts: 0,
             late: 0,
             late_reported: 0,
         }
@@ -488,9 +488,9 @@ impl Session {
         self.reported = now;
         if self.late > self.late_reported {
             log::warn(&format!(
-                "{} event(s) reached the tracer more than {} ms after they happened (the tracer \
-                 or a traced call was held off the CPU that long): their rows are written out \
-                 of time order",
+                "{} event(s) reached the tracer more than {} ms after they happened (a call \
+                 that long, or the tracer held off the CPU): their rows are written after \
+                 later ones of the same process",
                 self.late - self.late_reported,
                 REORDER_WINDOW_NS / 1_000_000
             ));

@@ -38,7 +38,6 @@ impl Session {
                 }
             }
             let p = self.reorder.pop().expect("peeked");
-            self.released_ts = self.released_ts.max(ts);
             let (c_stack, py_stack) = match p.stacks {
                 Some(s) => (s.c.and_then(|(_, text)| text), s.python),
                 None => (None, None),
@@ -50,6 +49,11 @@ impl Session {
                     let mut rows = std::mem::take(&mut self.rows);
                     self.traced(call.pid);
                     let traced = self.procs.get_mut(&call.pid).expect("just made");
+                    if call.ts_mono < traced.applied_ts {
+                        self.late += 1;
+                    } else {
+                        traced.applied_ts = call.ts_mono;
+                    }
                     traced.state.set_python_stack(py_stack);
                     traced
                         .state
@@ -95,6 +99,7 @@ impl Session {
                 state: ProcessState::new(pid),
                 out,
                 finished: false,
+                applied_ts: 0,
             }
         })
     }

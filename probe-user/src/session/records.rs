@@ -146,10 +146,6 @@ impl Session {
                     let python = self.python_stack_of(&ev, raw.ts_ns);
                     let stacks = (c.is_some() || python.is_some())
                         .then(|| Box::new(PendingStacks { c, python }));
-                    let ts = ev.ts_mono();
-                    if ts < self.released_ts {
-                        self.late += 1;
-                    }
                     self.reorder.push(Pending {
                         seq: self.seq,
                         event: ev,
