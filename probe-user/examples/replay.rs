@@ -123,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         inefficient: false,
         write_op_launch: false,
         write_kernel_launch: false,
+        row_attrs: true,
     };
     let mut state = ProcessState::new(pid);
     let mut out = match args.writer.as_str() {

@@ -268,6 +268,7 @@ fn run(opts: Options) -> Result<u8> {
             inefficient: opts.analysis.inefficient,
             write_op_launch: opts.dump_events.launch && opts.levels.op,
             write_kernel_launch: opts.dump_events.launch && opts.levels.kernel,
+            row_attrs: true,
         },
         leaks: opts.analysis.leaks,
         child,

@@ -125,6 +125,7 @@ fn sample_rows() -> Vec<Row> {
         tid: 4243,
         device,
         ptr,
+        size: None,
         attr: attr.to_string(),
         c_stack: None,
         py_stack: None,
@@ -852,6 +853,7 @@ fn numbered_row(i: u64) -> Row {
         tid: 4243,
         device: DeviceKey::Npu(0),
         ptr: Some(0x1000 + i),
+        size: None,
         attr: format!(
             "allocation_id:{},addr:0x{:016x},size:{i}",
             i + 1,

@@ -169,6 +169,8 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
             inefficient: false,
             write_op_launch: false,
             write_kernel_launch: false,
+            // The observer reads `Row::size`; no file is written.
+            row_attrs: false,
         },
         leaks: false,
         child: None,

@@ -77,10 +77,19 @@ struct Job {
     python: Option<Arc<PyStack>>,
 }
 
+/// Jobs sent to the worker at once at most (a tight loop with every call sampled).
+const SEND_BATCH: usize = 64;
+
 /// Resolves stacks on a worker thread; results come back by job id.
+///
+/// Jobs go to the worker in batches, and their texts come back in batches: a channel
+/// message and a wakeup of the worker per sample cost the node agent more than the
+/// unwinding itself (~10% of its CPU against ~1.5%).
 pub struct StackResolver {
-    jobs: Option<mpsc::Sender<Job>>,
-    results: mpsc::Receiver<(u64, Arc<str>)>,
+    jobs: Option<mpsc::Sender<Vec<Job>>>,
+    /// Submitted, not yet sent (ids rising): see [`send_queued`](Self::send_queued).
+    queued: Vec<Job>,
+    results: mpsc::Receiver<Vec<(u64, Arc<str>)>>,
     ready: HashMap<u64, Arc<str>>,
     views: HashMap<u32, (u64, Arc<ProcessView>)>,
     next_id: u64,
@@ -91,16 +100,20 @@ pub struct StackResolver {
 impl StackResolver {
     /// `depth`: most physical frames per stack (`--call-stack=c:D`).
     pub fn new(depth: usize) -> Self {
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<Job>>();
         let (res_tx, res_rx) = mpsc::channel();
         let worker = thread::Builder::new()
             .name("memscope-stacks".into())
             .spawn(move || {
                 let symbolizer = Symbolizer::new();
                 let mut texts = StackTexts::default();
-                for job in jobs_rx {
-                    let text = resolve(&symbolizer, &mut texts, &job, depth);
-                    if res_tx.send((job.id, text)).is_err() {
+                for jobs in jobs_rx {
+                    let done: Vec<(u64, Arc<str>)> = jobs
+                        .iter()
+                        .map(|job| (job.id, resolve(&symbolizer, &mut texts, job, depth)))
+                        .collect();
+                    drop(jobs);
+                    if res_tx.send(done).is_err() {
                         break;
                     }
                 }
@@ -108,6 +121,7 @@ impl StackResolver {
             .expect("spawn the stack worker");
         StackResolver {
             jobs: Some(jobs_tx),
+            queued: Vec::new(),
             results: res_rx,
             ready: HashMap::new(),
             views: HashMap::new(),
@@ -132,7 +146,8 @@ impl StackResolver {
     }
 
     /// Queues a sample (with the call's Python stack for the mixed view); returns the id to
-    /// collect its text with.
+    /// collect its text with. It goes to the worker with the next [`send_queued`]
+    /// (Self::send_queued), or when its text is asked for.
     pub fn submit(
         &mut self,
         sample: StackSample,
@@ -157,23 +172,38 @@ impl StackResolver {
                 (self.next_view_id, v)
             }
         };
-        if let Some(tx) = &self.jobs {
-            let _ = tx.send(Job {
-                id,
-                view,
-                view_id,
-                sample,
-                at_return,
-                python,
-            });
+        self.queued.push(Job {
+            id,
+            view,
+            view_id,
+            sample,
+            at_return,
+            python,
+        });
+        if self.queued.len() >= SEND_BATCH {
+            self.send_queued();
         }
         id
     }
 
-    /// The text of a finished job, if it is done (non-blocking).
+    /// Sends the queued jobs to the worker (the session does after each drain of the ring).
+    pub fn send_queued(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let jobs = std::mem::take(&mut self.queued);
+        if let Some(tx) = &self.jobs {
+            let _ = tx.send(jobs);
+        }
+    }
+
+    /// The text of a finished job, if it is done (non-blocking). A job still queued is sent.
     pub fn take(&mut self, id: u64) -> Option<Arc<str>> {
-        while let Ok((done, text)) = self.results.try_recv() {
-            self.ready.insert(done, text);
+        if self.queued.first().is_some_and(|j| j.id <= id) {
+            self.send_queued();
+        }
+        while let Ok(done) = self.results.try_recv() {
+            self.ready.extend(done);
         }
         self.ready.remove(&id)
     }
@@ -183,11 +213,11 @@ impl StackResolver {
         if let Some(t) = self.take(id) {
             return t;
         }
-        while let Ok((done, text)) = self.results.recv() {
-            if done == id {
-                return text;
+        while let Ok(done) = self.results.recv() {
+            self.ready.extend(done);
+            if let Some(t) = self.ready.remove(&id) {
+                return t;
             }
-            self.ready.insert(done, text);
         }
         Arc::from("[truncated]")
     }
@@ -329,5 +359,53 @@ mod tests {
             first.contains("resolves_our_own_stack_through_the_worker"),
             "{text}"
         );
+    }
+
+    /// Jobs go to the worker in batches: none is lost across the batch size, a job still
+    /// queued is sent when its text is asked for, and each text is its own job's.
+    #[test]
+    fn batched_jobs_each_get_their_own_text() {
+        let sample = |ip| StackSample {
+            pid: std::process::id(),
+            tid: 0,
+            ts_ns: 0,
+            ip,
+            sp: 0,
+            fp: 0,
+            lr: 0,
+            fp_frames: vec![],
+            stack: vec![],
+        };
+        let a = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
+        let b = parses_a_stack_record_and_rejects_others as fn() as usize as u64;
+        let mut r = StackResolver::new(8);
+        let n = 2 * SEND_BATCH as u64 + 3;
+        let ids: Vec<(u64, u64)> = (0..n)
+            .map(|i| {
+                let ip = if i % 3 == 0 { a } else { b };
+                (r.submit(sample(ip), false, None), ip)
+            })
+            .collect();
+        assert!(!r.queued.is_empty(), "the tail waits for a send");
+        // Asking for a queued job sends it (its text is not there yet, or just arrived).
+        let (last, _) = ids[ids.len() - 1];
+        let early = r.take(last);
+        assert!(r.queued.is_empty());
+        for (id, ip) in ids.iter().rev() {
+            let text = if *id == last && early.is_some() {
+                early.clone().unwrap()
+            } else {
+                r.wait(*id)
+            };
+            let first = text.lines().next().unwrap();
+            assert!(first.starts_with(&format!("0x{ip:016x} ")), "{id}: {text}");
+            let name = if *ip == a {
+                "resolves_our_own_stack_through_the_worker"
+            } else {
+                "parses_a_stack_record_and_rejects_others"
+            };
+            assert!(first.contains(name), "{id}: {text}");
+        }
+        assert!(r.ready.is_empty(), "every text was taken once");
     }
 }

@@ -221,6 +221,7 @@ mod tests {
             tid: 8,
             device: DeviceKey::Npu(0),
             ptr: Some(0x3039),
+            size: None,
             attr: "allocation_id:1,addr:0x0000000000003039,size:10".into(),
             c_stack: None,
             py_stack: None,

@@ -109,19 +109,25 @@ pub struct SessionResult {
     pub bpf: Bpf,
 }
 
+/// An event in the reorder window. Kept small (120 bytes): the node agent holds ~5000 of
+/// them, written and read back once each.
 struct Pending {
-    ts: u64,
     seq: u64,
     event: Decoded,
+    /// Its stacks, when it has any (boxed: few calls do in the node agent).
+    stacks: Option<Box<PendingStacks>>,
+}
+
+struct PendingStacks {
     /// The stack job of this call, and its text once resolved.
-    stack: Option<(u64, Option<Arc<str>>)>,
+    c: Option<(u64, Option<Arc<str>>)>,
     /// Its Python stack (resolved when the sample arrived).
-    py_stack: Option<Arc<str>>,
+    python: Option<Arc<str>>,
 }
 
 impl reorder::Ordered for Pending {
     fn key(&self) -> (u64, u64) {
-        (self.ts, self.seq)
+        (self.event.ts_mono(), self.seq)
     }
 }
 
@@ -391,6 +397,10 @@ impl Session {
                 continue;
             }
             self.handle_record(&item)?;
+        }
+        // The stacks of this drain's samples, to the worker in one go.
+        if let Some(r) = &mut self.stacks {
+            r.send_queued();
         }
         Ok(())
     }

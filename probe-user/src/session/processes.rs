@@ -17,13 +17,14 @@ impl Session {
         let horizon = clock_ns(libc::CLOCK_MONOTONIC)
             .saturating_sub(REORDER_WINDOW_NS)
             .min(self.flushed_at);
-        while let Some(top) = self.reorder.peek() {
-            if !all && top.ts > horizon {
+        while let Some((ts, _)) = self.reorder.first_key() {
+            if !all && ts > horizon {
                 break;
             }
             // A row waits for its stack: rows stay in time order, draining goes on meanwhile.
             if let Some(top) = self.reorder.peek_mut()
-                && let Some((job, text)) = &mut top.stack
+                && let Some(stacks) = &mut top.stacks
+                && let Some((job, text)) = &mut stacks.c
                 && text.is_none()
                 && let Some(resolver) = &mut self.stacks
             {
@@ -37,19 +38,21 @@ impl Session {
                 }
             }
             let p = self.reorder.pop().expect("peeked");
-            let c_stack = p.stack.and_then(|(_, text)| text);
-            let py_stack = p.py_stack;
+            let (c_stack, py_stack) = match p.stacks {
+                Some(s) => (s.c.and_then(|(_, text)| text), s.python),
+                None => (None, None),
+            };
             match p.event {
                 Decoded::Call(call) => {
-                    let ts = (p.ts as i128 + self.realtime_offset).max(0) as u64;
+                    let ts = (call.ts_mono as i128 + self.realtime_offset).max(0) as u64;
                     let track = self.cfg.track;
                     let mut rows = std::mem::take(&mut self.rows);
                     self.traced(call.pid);
                     let traced = self.procs.get_mut(&call.pid).expect("just made");
-                    if p.ts < traced.applied_ts {
+                    if call.ts_mono < traced.applied_ts {
                         self.late += 1;
                     } else {
-                        traced.applied_ts = p.ts;
+                        traced.applied_ts = call.ts_mono;
                     }
                     traced.state.set_python_stack(py_stack);
                     traced

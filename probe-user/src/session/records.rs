@@ -1,7 +1,7 @@
 //! One ring-buffer record at a time: Python and C stack samples wait for their call; a call
 //! record is decoded, ordered and, when its process is traced, applied to its state.
 
-use super::{Pending, PendingPython, Session, clock_ns};
+use super::{Pending, PendingPython, PendingStacks, Session, clock_ns};
 use crate::events::decode::{Call, CallEvent, Decoded};
 use crate::events::{decode, pystacks, stacks};
 use crate::log;
@@ -142,14 +142,14 @@ impl Session {
                     if let (Some(obs), Decoded::Call(c)) = (&mut self.cfg.observer, &ev) {
                         obs.received(c.pid);
                     }
-                    let stack = self.stack_job(&ev, raw.ts_ns);
-                    let py_stack = self.python_stack_of(&ev, raw.ts_ns);
+                    let c = self.stack_job(&ev, raw.ts_ns);
+                    let python = self.python_stack_of(&ev, raw.ts_ns);
+                    let stacks = (c.is_some() || python.is_some())
+                        .then(|| Box::new(PendingStacks { c, python }));
                     self.reorder.push(Pending {
-                        ts: ev.ts_mono(),
                         seq: self.seq,
                         event: ev,
-                        stack,
-                        py_stack,
+                        stacks,
                     });
                 }
             }

@@ -31,6 +31,7 @@ impl ProcessState {
             tid,
             device: DeviceKey::from_id(device),
             ptr: None,
+            size: None,
             attr: format!("func:{func},req_size:{size},flag:{flag}"),
             c_stack: self.current_stack.clone(),
             py_stack: self.current_py_stack.clone(),
@@ -150,8 +151,8 @@ impl ProcessState {
             self.decompose.on_alloc(&block.owner(), block.size);
         }
         if opts.dump.alloc {
-            let mut row = self.memory_row("MALLOC", &block, block.tid, ts_ns, true);
-            if opts.decompose {
+            let mut row = self.memory_row("MALLOC", &block, block.tid, ts_ns, true, opts);
+            if opts.decompose && opts.row_attrs {
                 add_owner(&mut row.attr, &block.owner());
             }
             rows.push(row);

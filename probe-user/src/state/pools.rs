@@ -57,7 +57,7 @@ impl ProcessState {
             // Registered twice without an unregister in between: close the old one.
             self.stats.double_mallocs += 1;
             if opts.dump.free {
-                rows.push(self.pool_row("FREE", &old, old.tid, ts_ns, c));
+                rows.push(self.pool_row("FREE", &old, old.tid, ts_ns, c, opts));
             }
             if opts.decompose {
                 self.decompose.on_free(&old.owner(), old.size);
@@ -67,8 +67,8 @@ impl ProcessState {
             self.decompose.on_alloc(&block.owner(), block.size);
         }
         if opts.dump.alloc {
-            let mut row = self.pool_row("MALLOC", &block, tid, ts_ns, c);
-            if opts.decompose {
+            let mut row = self.pool_row("MALLOC", &block, tid, ts_ns, c, opts);
+            if opts.decompose && opts.row_attrs {
                 row.attr.push_str(",owner:");
                 row.attr.push_str(&block.owner());
             }
@@ -114,10 +114,10 @@ impl ProcessState {
             }
         }
         if opts.dump.free {
-            let mut row = self.pool_row("FREE", &block, tid, ts_ns, c);
+            let mut row = self.pool_row("FREE", &block, tid, ts_ns, c, opts);
             // The MALLOC row was written before the block's accesses were known: the
             // classification goes on its FREE row (and into the summary).
-            if !found.is_empty() {
+            if !found.is_empty() && opts.row_attrs {
                 row.attr.push_str(",inefficient_type:");
                 row.attr.push_str(&found);
             }

@@ -16,7 +16,11 @@ pub struct Row {
     pub tid: u32,
     pub device: DeviceKey,
     pub ptr: Option<u64>,
-    /// The inside of the braces, e.g. `allocation_id:1,addr:0x...`; empty for no Attr.
+    /// The block's size on MALLOC and FREE rows (driver blocks, handles, pool regions): the
+    /// Attr's `size:`, as a number for the node agent. None on other rows.
+    pub size: Option<u64>,
+    /// The inside of the braces, e.g. `allocation_id:1,addr:0x...`; empty for no Attr, and
+    /// on MALLOC and FREE rows without `TrackOptions::row_attrs` (the node agent).
     pub attr: String,
     /// The `Call Stack(C)` text (docs/call-stacks.md), when stacks are collected.
     pub c_stack: Option<std::sync::Arc<str>>,
@@ -42,7 +46,16 @@ impl ProcessState {
         tid: u32,
         ts_ns: u64,
         c: RegionChange,
+        opts: &TrackOptions,
     ) -> Row {
+        let attr = if opts.row_attrs {
+            format!(
+                "allocation_id:{},addr:0x{:016x},size:{},used:{},total:{}",
+                b.allocation_id, b.addr, b.size, c.allocated, c.reserved
+            )
+        } else {
+            String::new()
+        };
         Row {
             event,
             event_type: b.kind.event_type(),
@@ -52,10 +65,8 @@ impl ProcessState {
             tid,
             device: DeviceKey::from_id(b.device),
             ptr: Some(b.addr),
-            attr: format!(
-                "allocation_id:{},addr:0x{:016x},size:{},used:{},total:{}",
-                b.allocation_id, b.addr, b.size, c.allocated, c.reserved
-            ),
+            size: Some(b.size),
+            attr,
             c_stack: None,
             py_stack: None,
         }
@@ -77,7 +88,7 @@ impl ProcessState {
             self.decompose.on_free(&block.owner(), block.size);
         }
         if opts.dump.free {
-            rows.push(self.memory_row("FREE", block, tid, ts_ns, false));
+            rows.push(self.memory_row("FREE", block, tid, ts_ns, false, opts));
         }
     }
 
@@ -88,7 +99,31 @@ impl ProcessState {
         tid: u32,
         ts_ns: u64,
         is_malloc: bool,
+        opts: &TrackOptions,
     ) -> Row {
+        let attr = if opts.row_attrs {
+            self.memory_attr(b, is_malloc)
+        } else {
+            String::new()
+        };
+        Row {
+            event,
+            event_type: b.kind.event_type(),
+            name: "N/A".into(),
+            ts_ns,
+            pid: self.pid,
+            tid,
+            device: DeviceKey::from_id(b.device),
+            ptr: Some(b.addr),
+            size: Some(b.size),
+            attr,
+            c_stack: None,
+            py_stack: None,
+        }
+    }
+
+    /// The Attr of a driver block's (or handle's) MALLOC or FREE row.
+    fn memory_attr(&self, b: &Block, is_malloc: bool) -> String {
         let used = self.used.get(&b.device).copied().unwrap_or(0);
         // Hot path (every MALLOC/FREE row): one allocation, no `format!` temporaries.
         use crate::digits::{push_hex16, push_u64};
@@ -124,19 +159,6 @@ impl ProcessState {
             }
         }
         // SAFETY: only ASCII went in (digits, hex digits, ASCII literals, page type names).
-        let attr = unsafe { String::from_utf8_unchecked(attr) };
-        Row {
-            event,
-            event_type: b.kind.event_type(),
-            name: "N/A".into(),
-            ts_ns,
-            pid: self.pid,
-            tid,
-            device: DeviceKey::from_id(b.device),
-            ptr: Some(b.addr),
-            attr,
-            c_stack: None,
-            py_stack: None,
-        }
+        unsafe { String::from_utf8_unchecked(attr) }
     }
 }

@@ -23,6 +23,7 @@ fn opts() -> TrackOptions {
         inefficient: true,
         write_op_launch: true,
         write_kernel_launch: true,
+        row_attrs: true,
     }
 }
 
@@ -937,4 +938,109 @@ fn aten_marks_give_op_and_access_rows_and_feed_inefficient() {
     // An access outside every live block is counted, not written.
     assert!(mark(&mut p, &ac(0x9000, "True")).is_empty());
     assert_eq!(p.stats.unmatched_accesses, 1);
+}
+
+/// The node agent turns `row_attrs` off: its MALLOC and FREE rows carry the size as a number
+/// and no Attr text; everything else about the rows stays as the files have it.
+#[test]
+fn rows_without_attr_text_carry_the_same_sizes() {
+    use crate::events::decode::{RegionDesc, RegionRef};
+    let calls = [
+        Call::HalAlloc {
+            size: 4096,
+            flag: 1 | (1 << 10),
+            ret: 0,
+            addr: Some(0xa000),
+        },
+        // The same address again: its missed free is closed with a synthetic FREE.
+        Call::HalAlloc {
+            size: 512,
+            flag: 1 | (1 << 10),
+            ret: 0,
+            addr: Some(0xa000),
+        },
+        Call::HalCreate {
+            size: 8,
+            flag: 0,
+            prop: None,
+            ret: 0,
+            handle: Some(0x77),
+        },
+        Call::DomainCreate {
+            name: "ptaCaching".into(),
+            handle: 7,
+        },
+        Call::RegionsRegister {
+            domain: 7,
+            regions: vec![RegionDesc {
+                device: 0,
+                ptr: 0x10,
+                size: 1000,
+                handle: 0,
+            }],
+            first: 0,
+            total: 1,
+        },
+        Call::RegionsUnregister {
+            domain: 7,
+            refs: vec![RegionRef::Pointer(0x10)],
+            first: 0,
+            total: 1,
+        },
+        Call::HalRelease {
+            handle: 0x77,
+            ret: 0,
+        },
+        Call::HalFree {
+            addr: 0xa000,
+            ret: 0,
+        },
+        Call::Mark {
+            text: "step".into(),
+        },
+    ];
+    let run = |row_attrs: bool| {
+        let mut p = ProcessState::new(100);
+        let o = TrackOptions {
+            row_attrs,
+            ..opts()
+        };
+        let mut rows = Vec::new();
+        for (i, c) in calls.iter().enumerate() {
+            p.apply_into(&ev(1, c.clone()), i as u64, &o, None, &mut rows);
+        }
+        rows
+    };
+    let (text, numbers) = (run(true), run(false));
+    let events: Vec<_> = text.iter().map(|r| r.event).collect();
+    assert_eq!(
+        events,
+        [
+            "MALLOC", "FREE", "MALLOC", "MALLOC", "MALLOC", "FREE", "FREE", "FREE", "MSTX"
+        ]
+    );
+    assert_eq!(text.len(), numbers.len());
+    for (t, n) in text.iter().zip(&numbers) {
+        let attr_size = t
+            .attr
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("size:"))
+            .map(|v| v.parse::<u64>().unwrap());
+        if matches!(t.event, "MALLOC" | "FREE") {
+            assert!(attr_size.is_some(), "{}", t.attr);
+            assert_eq!(n.attr, "", "no text without row_attrs");
+            assert_eq!(
+                Row {
+                    attr: t.attr.clone(),
+                    ..n.clone()
+                },
+                *t
+            );
+        } else {
+            assert_eq!(n, t);
+        }
+        assert_eq!(t.size, attr_size, "{} {}", t.event, t.attr);
+    }
+    let sizes: Vec<_> = numbers.iter().filter_map(|r| r.size).collect();
+    assert_eq!(sizes, [4096, 4096, 512, 8, 1000, 1000, 8, 512]);
 }

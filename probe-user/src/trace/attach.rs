@@ -77,10 +77,13 @@ pub struct Planner {
     pub scope: Scope,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
     torch_npu_sites: HashMap<FileId, Result<torch_npu::ReportSite, String>>,
-    /// The node agent (which sees every exec on the host): the known-library searches made
-    /// already, by (mount namespace, directories), are not made again.
+    /// The node agent (which sees every exec on the host): a directory searched for the known
+    /// libraries already, by (mount namespace, directory), is searched again only once its
+    /// modification time changed (a file added, replaced or removed). Remembered by sets of
+    /// directories, a build's compiler runs (each with its own `LD_LIBRARY_PATH`) were all
+    /// searched anew: 42 `statx` per directory, 6-13% of the agent's CPU on a busy host.
     pub remember_searches: bool,
-    searched: HashSet<(PathBuf, Vec<PathBuf>)>,
+    searched: HashMap<(PathBuf, PathBuf), Option<std::time::SystemTime>>,
 }
 
 impl Planner {
@@ -107,7 +110,7 @@ impl Planner {
             scope: Scope::AllProcesses,
             torch_npu_sites: HashMap::new(),
             remember_searches: false,
-            searched: HashSet::new(),
+            searched: HashMap::new(),
         }
     }
 
@@ -419,19 +422,23 @@ impl Planner {
             }
         }
         // A library that appears later in a directory searched before is planned when opened.
-        if self.remember_searches
-            && let Some(ns) = env
-                .root
-                .as_ref()
-                .and_then(|r| fs::read_link(r.parent()?.join("ns/mnt")).ok())
-            && !self.searched.insert((ns, dirs.clone()))
-        {
-            return Ok(());
-        }
+        let ns = env
+            .root
+            .as_ref()
+            .filter(|_| self.remember_searches)
+            .and_then(|r| fs::read_link(r.parent()?.join("ns/mnt")).ok());
         let mut seen_dirs = HashSet::new();
         for dir in dirs {
             if !seen_dirs.insert(dir.clone()) {
                 continue;
+            }
+            if let Some(ns) = &ns {
+                let modified = fs::metadata(env.host_path(&dir))
+                    .and_then(|m| m.modified())
+                    .ok();
+                if self.searched.insert((ns.clone(), dir.clone()), modified) == Some(modified) {
+                    continue;
+                }
             }
             // The op libraries too: a framework dlopens them at its first operator, often
             // after `--pid` attached (attach mode never stops the target to catch that).

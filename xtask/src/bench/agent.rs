@@ -108,19 +108,6 @@ impl Agent {
     }
 }
 
-/// One paced run's numbers, for the table.
-struct PacedRow {
-    name: &'static str,
-    rate: f64,
-    cpu: f64,
-    wall: f64,
-    self_metric: f64,
-    us_per_event: f64,
-    us_per_call: f64,
-    warm_cpu: f64,
-    warm_calls: f64,
-}
-
 impl Bench {
     pub(super) fn agent(&mut self) -> Result<()> {
         println!("{TAG} node agent");
@@ -177,78 +164,19 @@ impl Bench {
             "--work".into(),
             "8".into(),
         ];
-        let mut paced_rows = Vec::new();
-        for (key, name, extra) in [
+        let paced_configs = [
             (
                 "counters",
                 "counters only (`--stack-depth 0`)",
                 &["--stack-depth", "0"][..],
             ),
             ("agent", "default (sampled stacks)", &[][..]),
-        ] {
-            let agent = Agent::start(self, extra)?;
-            let pid = agent.child.id();
-            // A first, short run of the same loop: the agent loads the loop binary's debug
-            // information once per file (when its first sampled stack comes), a one-time cost
-            // shown apart; the measured run is then the steady state of a known binary.
-            let warm_cpu0 = cpu_seconds(pid);
-            let warm: Vec<String> = vec![
-                "--mode".into(),
-                "hal".into(),
-                "--seconds".into(),
-                "1".into(),
-                "--work".into(),
-                "8".into(),
-            ];
-            let warm_out = self.run_workload(Config::Untraced, &warm)?;
-            let warm_cpu = cpu_seconds(pid) - warm_cpu0;
-            let warm_calls = result_field(&warm_out.stdout, "calls").unwrap_or(f64::NAN);
-            // The agent is system-wide: events of other processes on the machine count too,
-            // so its CPU is also given per event it received.
-            let events0 = events_received(&agent.addr);
-            let cpu0 = cpu_seconds(pid);
-            let t0 = Instant::now();
-            let out = self.run_workload(Config::Untraced, &paced)?;
-            let wall = t0.elapsed().as_secs_f64();
-            let cpu = cpu_seconds(pid) - cpu0;
-            let events = events_received(&agent.addr) - events0;
-            let metrics = get(&agent.addr, "/metrics")
-                .map(|r| r.1)
-                .unwrap_or_default();
-            agent.stop()?;
-            let calls = result_field(&out.stdout, "calls").unwrap_or(f64::NAN);
-            let elapsed = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e9;
-            let rate = calls / elapsed;
-            let self_metric = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix("memscope_agent_cpu_seconds_total "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(f64::NAN);
-            let us_per_event = 1e6 * cpu / events;
-            let us_per_call = 1e6 * cpu / calls;
-            println!(
-                "{TAG}   paced, {key}: {rate:.0} calls/s for {wall:.1} s; agent CPU {cpu:.2} s \
-                 ({:.1}% of one CPU, {us_per_call:.2} us per traced call), {events:.0} events \
-                 received, {us_per_event:.2} us each; first 1 s run: {warm_cpu:.2} s for \
-                 {warm_calls:.0} calls",
-                100.0 * cpu / wall
-            );
-            self.sample("agent", "paced", key, 0, "calls_per_s", rate);
-            self.sample("agent", "paced", key, 0, "cpu_share", cpu / wall);
-            self.sample("agent", "paced", key, 0, "cpu_us_per_event", us_per_event);
-            self.sample("agent", "paced", key, 0, "cpu_us_per_call", us_per_call);
-            self.sample("agent", "paced", key, 0, "first_run_cpu_s", warm_cpu);
-            paced_rows.push(PacedRow {
-                name,
-                rate,
-                cpu,
-                wall,
-                self_metric,
-                us_per_event,
-                us_per_call,
-                warm_cpu,
-                warm_calls,
-            });
+        ];
+        // Rounds interleaved, medians: on a shared machine one run is not a measurement.
+        for round in 0..self.opts.rounds {
+            for (key, _, extra) in paced_configs {
+                self.paced_run(key, extra, &paced, round)?;
+            }
         }
 
         let mut md = String::new();
@@ -288,38 +216,136 @@ impl Bench {
         writeln!(
             md,
             "\nAgent CPU at a given event rate: `bench_loop --mode hal --seconds {secs} --work 8` \
-             (host work between calls) under the agent, after a first 1 s run of the same \
+             (host work between calls) under a fresh agent, {} round(s), the two agents \
+             interleaved, median (min-max); each after a first 1 s run of the same \
              loop under the same agent (the agent loads a binary's debug information once, \
              when the first sampled stack in it comes: that run's CPU is the last column); \
              CPU = utime + stime of the agent's process over the run (the self-metric \
              `memscope_agent_cpu_seconds_total` counts from the agent's start). The agent is \
              system-wide: on a shared machine it also receives other processes' events, so \
              its CPU per event received is given too. Target: under 5% of one CPU at 10^5 \
-             calls/s (0.5 us per call).\n"
+             calls/s (0.5 us per call).\n",
+            self.opts.rounds
         )?;
         writeln!(
             md,
-            "| agent | traced calls/s | agent CPU s | % of one CPU | CPU us per traced call | \
-             CPU us per event received | self-metric at the end | first 1 s run: CPU s (calls) |"
+            "| agent | traced calls/s | % of one CPU | **CPU us per traced call** (min-max) | \
+             CPU us per event received | self-metric at the end | first 1 s run: CPU s |"
         )?;
-        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
-        for r in paced_rows {
+        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|")?;
+        for (key, name, _) in paced_configs {
+            let m = |metric| median(&self.values("agent", "paced", key, metric));
+            let per_call = self.values("agent", "paced", key, "cpu_us_per_call");
+            let (lo, hi) = spread(&per_call);
             writeln!(
                 md,
-                "| {} | {:.0} | {:.2} | {:.1}% | {:.2} | {:.2} | {:.2} s | {:.2} ({:.0}) |",
-                r.name,
-                r.rate,
-                r.cpu,
-                100.0 * r.cpu / r.wall,
-                r.us_per_call,
-                r.us_per_event,
-                r.self_metric,
-                r.warm_cpu,
-                r.warm_calls
+                "| {name} | {:.0} | {:.1}% | **{:.2}** ({lo:.2}-{hi:.2}) | {:.2} | {:.2} s | {:.2} |",
+                m("calls_per_s"),
+                100.0 * m("cpu_share"),
+                median(&per_call),
+                m("cpu_us_per_event"),
+                m("self_metric_s"),
+                m("first_run_cpu_s"),
             )?;
         }
         writeln!(md)?;
         self.md.push_str(&md);
+        let path = self.repo.join("docs/benchmarks-agent.md");
+        let mut doc = String::from(
+            "# Benchmarks: the node agent\n\nWritten by `cargo xtask bench --only agent",
+        );
+        if self.opts.quick {
+            doc.push_str(" --quick");
+        }
+        doc.push('`');
+        writeln!(
+            doc,
+            " on {} (kernel {}, load average {} at the end). Times are for this machine only; \
+             docs/benchmark-notes.md has the side-by-side comparisons of builds.\n",
+            super::harm::chrono_like_now(),
+            super::harm::kernel_release(),
+            load_average()
+        )?;
+        doc.push_str(&md);
+        std::fs::write(&path, doc)?;
+        println!("{TAG} wrote {}", path.display());
         Ok(())
     }
+
+    /// One paced run under a fresh agent: its CPU per traced call and per event received.
+    fn paced_run(
+        &mut self,
+        key: &'static str,
+        extra: &[&str],
+        paced: &[String],
+        round: usize,
+    ) -> Result<()> {
+        let agent = Agent::start(self, extra)?;
+        let pid = agent.child.id();
+        // A first, short run of the same loop: the agent loads the loop binary's debug
+        // information once per file (when its first sampled stack comes), a one-time cost
+        // shown apart; the measured run is then the steady state of a known binary.
+        let warm_cpu0 = cpu_seconds(pid);
+        let warm: Vec<String> = vec![
+            "--mode".into(),
+            "hal".into(),
+            "--seconds".into(),
+            "1".into(),
+            "--work".into(),
+            "8".into(),
+        ];
+        self.run_workload(Config::Untraced, &warm)?;
+        let warm_cpu = cpu_seconds(pid) - warm_cpu0;
+        // The agent is system-wide: events of other processes on the machine count too,
+        // so its CPU is also given per event it received.
+        let events0 = events_received(&agent.addr);
+        let cpu0 = cpu_seconds(pid);
+        let t0 = Instant::now();
+        let out = self.run_workload(Config::Untraced, paced)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(pid) - cpu0;
+        let events = events_received(&agent.addr) - events0;
+        let metrics = get(&agent.addr, "/metrics")
+            .map(|r| r.1)
+            .unwrap_or_default();
+        agent.stop()?;
+        let calls = result_field(&out.stdout, "calls").unwrap_or(f64::NAN);
+        let elapsed = result_field(&out.stdout, "elapsed_ns").unwrap_or(f64::NAN) / 1e9;
+        let rate = calls / elapsed;
+        let self_metric = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("memscope_agent_cpu_seconds_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN);
+        let us_per_event = 1e6 * cpu / events;
+        let us_per_call = 1e6 * cpu / calls;
+        println!(
+            "{TAG}   round {round}: paced, {key}: {rate:.0} calls/s for {wall:.1} s; agent CPU \
+             {cpu:.2} s ({:.1}% of one CPU, {us_per_call:.2} us per traced call), {events:.0} \
+             events received, {us_per_event:.2} us each; first 1 s run: {warm_cpu:.2} s",
+            100.0 * cpu / wall
+        );
+        self.sample("agent", "paced", key, round, "calls_per_s", rate);
+        self.sample("agent", "paced", key, round, "cpu_share", cpu / wall);
+        self.sample(
+            "agent",
+            "paced",
+            key,
+            round,
+            "cpu_us_per_event",
+            us_per_event,
+        );
+        self.sample("agent", "paced", key, round, "cpu_us_per_call", us_per_call);
+        self.sample("agent", "paced", key, round, "self_metric_s", self_metric);
+        self.sample("agent", "paced", key, round, "first_run_cpu_s", warm_cpu);
+        Ok(())
+    }
+}
+
+/// The 1-minute load average (the machine may be shared).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }

@@ -713,14 +713,14 @@ fn wait_for_file_text(path: &Path, needle: &str, secs: u64) -> Result<()> {
     Ok(())
 }
 
-fn kernel_release() -> String {
+pub(super) fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
 /// The current UTC time as `YYYY-MM-DD HH:MM UTC` (from `date`, no extra crate).
-fn chrono_like_now() -> String {
+pub(super) fn chrono_like_now() -> String {
     Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()

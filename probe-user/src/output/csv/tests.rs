@@ -11,6 +11,7 @@ fn row(device: DeviceKey, event: &'static str) -> Row {
         tid: 8,
         device,
         ptr: Some(0x3039),
+        size: None,
         attr: "allocation_id:1,addr:0x0000000000003039,size:10,used:10".into(),
         c_stack: None,
         py_stack: None,
