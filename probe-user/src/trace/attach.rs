@@ -53,6 +53,9 @@ pub struct Planner {
     /// Objects to plan once the stopped process runs again, as (host path, path as the
     /// target names it): a directory's siblings (`plan_later`).
     later: VecDeque<(PathBuf, PathBuf)>,
+    /// The host paths in `later` (is an object opened one of them: a set, not a pass over
+    /// the queue at each open).
+    queued: HashSet<PathBuf>,
     /// Directories whose shared objects go to `later` once the stopped process runs again
     /// (listing 200 entries took ~0.2 ms of the stop), as (host, shown) paths.
     later_dirs: VecDeque<(PathBuf, PathBuf)>,
@@ -92,6 +95,7 @@ impl Planner {
             needed_seen: HashSet::new(),
             planned_dirs: HashSet::new(),
             later: VecDeque::new(),
+            queued: HashSet::new(),
             later_dirs: VecDeque::new(),
             later_since: None,
             elf_cache: HashMap::new(),
@@ -198,7 +202,9 @@ impl Planner {
         let first_time = !self.seen_paths.contains(&full);
         // A process that opens a queued object before its turn is ahead of the queue: go on
         // from there (it likely opens the next ones next), the skipped ones last.
-        if let Some(at) = self.later.iter().position(|(host, _)| *host == full) {
+        if self.queued.contains(&full)
+            && let Some(at) = self.later.iter().position(|(host, _)| *host == full)
+        {
             self.later.rotate_left(at + 1);
         }
         self.consider(bpf, &full, path, false)?;
@@ -250,11 +256,13 @@ impl Planner {
             return;
         }
         names.sort();
-        self.later.extend(
-            names
-                .into_iter()
-                .map(|name| (dir.join(&name), shown_dir.join(&name))),
-        );
+        for name in names {
+            let host = dir.join(&name);
+            // (The one opened at the stop, and any opened since, are planned already.)
+            if !self.seen_paths.contains(&host) && self.queued.insert(host.clone()) {
+                self.later.push_back((host, shown_dir.join(&name)));
+            }
+        }
     }
 
     /// Whether objects wait for `plan_later`.
@@ -268,6 +276,7 @@ impl Planner {
         if let Some((dir, shown_dir)) = self.later_dirs.pop_front() {
             self.list_siblings(&dir, &shown_dir);
         } else if let Some((host, shown)) = self.later.pop_front() {
+            self.queued.remove(&host);
             self.consider(bpf, &host, &shown, false)?;
         }
         if !self.has_later()
@@ -488,7 +497,10 @@ impl Planner {
 
     /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`),
     /// then marks `shown` planned: opening it needs no stop from then on (launch mode), so
-    /// the mark comes only once its probes are in place (the process may be running).
+    /// the mark comes only once its probes are in place (the process may be running). A
+    /// path considered before was marked then (`shown` follows from `host`), and marks are
+    /// never taken back: a second mark, a system call at each open of a planned object, is
+    /// not made.
     pub fn consider(
         &mut self,
         bpf: &mut Bpf,
@@ -496,8 +508,11 @@ impl Planner {
         shown: &Path,
         explicit: bool,
     ) -> Result<()> {
+        let new_path = !self.seen_paths.contains(host);
         let attached = self.attach_object(bpf, host, shown, explicit);
-        bpf.mark_known_path(shown.as_os_str().as_bytes());
+        if new_path {
+            bpf.mark_known_path(shown.as_os_str().as_bytes());
+        }
         attached
     }
 
