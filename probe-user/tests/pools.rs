@@ -41,7 +41,18 @@ fn pool_rows(rows: &[DumpRow], event: &str, event_type: &str) -> Vec<(u32, Strin
     v
 }
 
-fn trace_pool(pool: &str, extra: &[&str]) -> (std::path::PathBuf, u32, String, std::path::PathBuf) {
+/// Traces the pool workload; returns the scratch directory (kept alive for the caller), the
+/// output directory in it, the workload's pid, the tracer's stderr and the workload's log.
+fn trace_pool(
+    pool: &str,
+    extra: &[&str],
+) -> (
+    common::Scratch,
+    std::path::PathBuf,
+    u32,
+    String,
+    std::path::PathBuf,
+) {
     let dir = scratch(&format!("pool-{pool}"));
     let log = dir.join("gt.log");
     let out_dir = dir.join("out");
@@ -70,7 +81,7 @@ fn trace_pool(pool: &str, extra: &[&str]) -> (std::path::PathBuf, u32, String, s
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     let pid = parse_log(&log).pid;
-    (out_dir, pid, stderr, log)
+    (dir, out_dir, pid, stderr, log)
 }
 
 #[test]
@@ -85,7 +96,7 @@ fn every_pool_kind_gives_one_row_per_region_with_pool_accounting() {
         ("mindspore", "MINDSPORE", "Mindspore memory pool"),
         ("atb", "ATB", "ATB memory pool"),
     ] {
-        let (out_dir, pid, stderr, log) = trace_pool(pool, &[]);
+        let (_dir, out_dir, pid, stderr, log) = trace_pool(pool, &[]);
         let rows = rows_of(&out_dir, pid);
         // 20 regions per call: several chunks per batch, every region a row.
         assert_eq!(
@@ -181,7 +192,7 @@ fn steps_option_keeps_only_the_listed_steps() {
         return;
     }
     let _serial = serial();
-    let (out_dir, pid, stderr, log) = trace_pool("pta", &["--steps=2"]);
+    let (_dir, out_dir, pid, stderr, log) = trace_pool("pta", &["--steps=2"]);
     let rows = rows_of(&out_dir, pid);
     let text = std::fs::read_to_string(&log).unwrap();
     let step2: Vec<_> = {
@@ -232,7 +243,7 @@ fn offline_analyze_replays_the_pool_step_analyses() {
         return;
     }
     let _serial = serial();
-    let (out_dir, pid, online, _) = trace_pool("mindspore", &[]);
+    let (_dir, out_dir, pid, online, _) = trace_pool("mindspore", &[]);
     let dump = find_files(
         &process_dir(&out_dir, pid).unwrap().join("device_1"),
         "memscope_dump_",
@@ -270,7 +281,7 @@ fn decompose_totals_add_up_to_the_live_memory_at_every_step() {
         return;
     }
     let _serial = serial();
-    let (out_dir, pid, stderr, log) = trace_pool("pta", &["--analysis=leaks,decompose"]);
+    let (_dir, out_dir, pid, stderr, log) = trace_pool("pta", &["--analysis=leaks,decompose"]);
     // Live bytes at each step end, from the workload's own log: driver blocks (the pool's
     // segments) and pool regions.
     let text = std::fs::read_to_string(&log).unwrap();

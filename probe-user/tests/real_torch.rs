@@ -426,7 +426,14 @@ fn check_compare(base: &Run, new: &Run, dir: &Path) {
         })
         .collect();
     let got: Vec<&str> = text.lines().skip(2).collect();
-    assert_eq!(got, expected, "{text}");
+    // The op launches run on torch_npu's task-queue thread and the allocations on the main
+    // thread, so the rows of both runs are compared in the order the tracer wrote them; a row
+    // out of time order would show here, and the tracer's warnings say why.
+    assert_eq!(
+        got, expected,
+        "{text}\nbase tracer's stderr:\n{}\ncompare tracer's stderr:\n{}",
+        base.stderr, new.stderr
+    );
     assert!(expected.iter().any(|l| l.contains(",aclnnAdd,")));
 }
 
@@ -437,9 +444,12 @@ fn real_torch_npu_launch_mode() {
     };
     let _serial = serial();
     let mut runs = Vec::new();
+    // The runs' directories stay until the comparison below has read their dumps.
+    let mut dirs = Vec::new();
     for venv in venvs {
         let dir = scratch(&format!("real-torch-launch-{}", bed_release(&venv)));
         let run = launch(&venv, &dir);
+        dirs.push(dir);
         let what = format!("launch, {}", bed_release(&venv));
         check(&run, &what);
         check_decompose(&run, &what);

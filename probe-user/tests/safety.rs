@@ -90,7 +90,7 @@ fn stderr_of(o: &std::process::Output) -> String {
 }
 
 /// A scratch directory other users can traverse.
-fn open_scratch(name: &str) -> PathBuf {
+fn open_scratch(name: &str) -> common::Scratch {
     let d = scratch(name);
     fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
     d
@@ -621,7 +621,7 @@ fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
 /// Launches a forking workload (it forks and execs a child after `go`), freezes the tracer,
 /// lets the workload go and waits until the BPF side has stopped the child at its exec (only
 /// the tracer would continue it). Returns the tracer, the workload's pid and the scratch dir.
-fn child_stopped_at_exec(name: &str) -> (common::Background, u32, PathBuf) {
+fn child_stopped_at_exec(name: &str) -> (common::Background, u32, common::Scratch) {
     let dir = scratch(name);
     let go = dir.join("go");
     let log = dir.join("gt.log");

@@ -783,6 +783,8 @@ fn dynamic_symbol(module: &str, name: &str) -> u64 {
 struct Traced {
     rows: Vec<Row>,
     maps: PathBuf,
+    /// Holds `maps` (removed with it).
+    _dir: common::Scratch,
 }
 
 fn trace(name: &str, program: &str, call_stack: Option<&str>) -> Traced {
@@ -814,6 +816,7 @@ fn trace(name: &str, program: &str, call_stack: Option<&str>) -> Traced {
     Traced {
         rows: stack_rows(&out_dir, pid),
         maps,
+        _dir: dir,
     }
 }
 

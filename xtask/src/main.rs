@@ -15,6 +15,7 @@ mod aarch64;
 mod bench;
 mod cmd;
 mod demo;
+mod disk;
 mod fuzz;
 mod setup;
 mod torch_bed;
@@ -188,6 +189,7 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
         Some((first, rest)) if first == "--" => rest,
         _ => args,
     };
+    disk::preflight(repo)?;
     let ready = setup::run(repo, &setup::Options::default())?;
 
     // Plain `cargo build`/`cargo test` in the root use the workspace's default members;
@@ -201,8 +203,9 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
         return Ok(cmd::exit_code(status));
     }
 
+    let tmp = disk::fresh_test_tmp(repo)?;
     let mut test = cargo(repo, &ready);
-    test.arg("test").args(extra);
+    test.arg("test").args(extra).env("TMPDIR", &tmp);
     if torch_bed::enabled() {
         let venvs = torch_bed::venvs()?;
         test.env(torch_bed::VENVS_ENV, std::env::join_paths(venvs)?);
@@ -216,9 +219,14 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
         println!("[test] note: not root, so the tests that load BPF programs were skipped");
     }
     if !status.success() {
+        println!(
+            "[test] the failed tests' scratch directories are kept in {}",
+            tmp.display()
+        );
         println!("{} passed, {} failed", totals.passed, totals.failed);
         return Ok(cmd::exit_code(status));
     }
+    disk::sweep_test_tmp(&tmp)?;
     // A short fuzz run of the object-file parsers must not find a crash.
     let secs = std::env::var("MEMSCOPE_FUZZ_SECS")
         .ok()

@@ -36,7 +36,7 @@ pub fn enabled() -> bool {
     std::env::var("MEMSCOPE_TORCH_BED").map_or(true, |v| v != "off")
 }
 
-fn cache_dir() -> Result<PathBuf> {
+pub fn cache_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MEMSCOPE_BPF_CACHE") {
         return Ok(PathBuf::from(dir).join("venvs"));
     }
@@ -52,6 +52,11 @@ pub fn venv(torch: &str, npu: &str) -> Result<PathBuf> {
 /// The venvs, in `RELEASES` order, as the tests want them.
 pub fn venvs() -> Result<Vec<PathBuf>> {
     RELEASES.iter().map(|(t, n, _)| venv(t, n)).collect()
+}
+
+/// True when every release's venv is installed and ready.
+pub fn installed() -> bool {
+    venvs().is_ok_and(|dirs| dirs.iter().all(|d| d.join(READY_MARKER).is_file()))
 }
 
 /// Makes every venv that is not ready yet, then the simulated CANN for all of them.

@@ -138,6 +138,8 @@ struct Traced {
     state: ProcessState,
     out: ProcessOutput,
     finished: bool,
+    /// The newest event time applied to this process (CLOCK_MONOTONIC ns).
+    applied_ts: u64,
 }
 
 pub struct Session {
@@ -168,6 +170,11 @@ pub struct Session {
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
     flushed_at: u64,
+    /// Events applied after a later one of the same process (they reached us after the reorder
+    /// window had let it through): their rows are out of time order. And how many of them were
+    /// already reported.
+    late: u64,
+    late_reported: u64,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -207,6 +214,8 @@ impl Session {
             python_checked: None,
             kernel_names: KernelNames::default(),
             flushed_at: 0,
+            late: 0,
+            late_reported: 0,
         }
     }
 
@@ -467,6 +476,16 @@ impl Session {
             ));
         }
         self.reported = now;
+        if self.late > self.late_reported {
+            log::warn(&format!(
+                "{} event(s) reached the tracer more than {} ms after they happened (a call \
+                 that long, or the tracer held off the CPU): their rows are written after \
+                 later ones of the same process",
+                self.late - self.late_reported,
+                REORDER_WINDOW_NS / 1_000_000
+            ));
+            self.late_reported = self.late;
+        }
     }
 
     fn print_planner_messages(&mut self) {

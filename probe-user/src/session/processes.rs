@@ -46,6 +46,11 @@ impl Session {
                     let mut rows = std::mem::take(&mut self.rows);
                     self.traced(call.pid);
                     let traced = self.procs.get_mut(&call.pid).expect("just made");
+                    if p.ts < traced.applied_ts {
+                        self.late += 1;
+                    } else {
+                        traced.applied_ts = p.ts;
+                    }
                     traced.state.set_python_stack(py_stack);
                     traced
                         .state
@@ -91,6 +96,7 @@ impl Session {
                 state: ProcessState::new(pid),
                 out,
                 finished: false,
+                applied_ts: 0,
             }
         })
     }

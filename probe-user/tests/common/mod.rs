@@ -72,12 +72,51 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A fresh scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh scratch directory for one test, removed when the test passes. A failed test keeps
+/// it (and says where) so its dumps can be read; a full run leaves nothing behind, since the
+/// traces of a few hundred tests would otherwise fill the disk run after run.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "kept the failed test's scratch directory {}",
+                self.0.display()
+            );
+        } else if let Err(e) = fs::remove_dir_all(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("could not remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// A fresh scratch directory for one test; see [`Scratch`].
+pub fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("memscope-e2e-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 pub fn run_tracer(args: &[&str]) -> Output {
