@@ -84,8 +84,8 @@ fn a_plugin_opened_while_its_directory_is_being_planned_is_traced_from_its_first
     let root = scratch("plugins-order");
     let cache = root.join("cache");
     // The HAL last in the queue (the target opens it long before its turn: a stop of its
-    // own) and first in the queue (planned in the background, likely before the target gets
-    // to it): both ways, no call is lost.
+    // own) and first in the queue (planned at the first stop, with the object after it,
+    // before the target runs on): both ways, no call is lost.
     for (tag, before_hal) in [("hal-last", true), ("hal-first", false)] {
         let dir = root.join(tag);
         let names = plugin_dir(&dir, 120, before_hal);

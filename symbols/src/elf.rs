@@ -80,6 +80,16 @@ impl ElfObject {
             .with_context(|| format!("cannot parse ELF file {}", path.display()))
     }
 
+    /// As [`ElfObject::open_lookup`], on `file`, opened by the caller at `path`, whose
+    /// length the caller read with `fstat` (and so knows which file it reads, whatever
+    /// happens to the path meanwhile). A small file costs one `read`.
+    pub fn read_lookup(file: &fs::File, path: &Path, len: u64, lookup: &Lookup) -> Result<Self> {
+        let map = MappedFile::of_file(file, len)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse_lookup(map.bytes(), lookup)
+            .with_context(|| format!("cannot parse ELF file {}", path.display()))
+    }
+
     /// As [`ElfObject::open_lookup`], on an in-memory image. Never panics on malformed input.
     pub fn parse_lookup(data: &[u8], lookup: &Lookup) -> Result<Self> {
         let file = parse_header(data)?;
@@ -289,20 +299,38 @@ const READ_UP_TO: usize = 256 << 10;
 
 impl MappedFile {
     fn open(path: &Path) -> std::io::Result<Self> {
-        use std::io::Read;
+        let file = fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        Self::of_file(&file, len)
+    }
+
+    /// The first `len` bytes of `file` (its length when the caller read it): read with one
+    /// `pread` when small, mapped otherwise.
+    fn of_file(file: &fs::File, len: u64) -> std::io::Result<Self> {
         use std::os::fd::AsRawFd;
-        let mut file = fs::File::open(path)?;
-        let len = file.metadata()?.len() as usize;
+        use std::os::unix::fs::FileExt;
+        let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::FileTooLarge)?;
         if len <= READ_UP_TO {
-            let mut read = Vec::with_capacity(len);
-            file.read_to_end(&mut read)?;
+            // One read of the known length (`read_to_end` reads once more to see the end).
+            let mut read = vec![0; len];
+            let mut got = 0;
+            while got < len {
+                match file.read_at(&mut read[got..], got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // A file that shrank meanwhile: what is there (the parse checks every bound).
+            read.truncate(got);
             return Ok(MappedFile {
                 ptr: std::ptr::null_mut(),
                 len: 0,
                 read,
             });
         }
-        // SAFETY: a fresh private read-only mapping of a file we opened; unmapped in Drop.
+        // SAFETY: a fresh private read-only mapping of an open file; unmapped in Drop.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

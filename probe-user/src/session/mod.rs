@@ -534,22 +534,17 @@ fn records_wait(ring: &RingBuf<MapData>) -> bool {
     unsafe { libc::poll(&mut fd, 1, 0) > 0 }
 }
 
-/// The calling thread's nice value.
+/// The calling thread's nice value (on Linux, `PRIO_PROCESS` with `who` 0 is the calling
+/// thread: nice values are per thread).
 fn consumer_nice() -> libc::c_int {
-    // SAFETY: plain syscalls on the calling thread.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::getpriority(libc::PRIO_PROCESS, tid)
-    }
+    // SAFETY: a plain syscall on the calling thread.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
 }
 
 /// Sets the calling thread's nice value; false when refused.
 fn set_consumer_nice(nice: libc::c_int) -> bool {
-    // SAFETY: plain syscalls on the calling thread.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0
-    }
+    // SAFETY: a plain syscall on the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) == 0 }
 }
 
 #[cfg(test)]

@@ -73,7 +73,10 @@ impl Session {
                         r.invalidate(*pid);
                     }
                     self.kernel_names.invalidate(*pid);
-                    let planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
+                    let mut planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
+                    if *stopped && planned.is_ok() {
+                        planned = self.planner.plan_ahead_at_stop(&mut self.bpf);
+                    }
                     // Python has mapped libpython by the time it opens anything else.
                     self.configure_python(*pid, true);
                     if *stopped {

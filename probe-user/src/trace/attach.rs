@@ -14,6 +14,7 @@
 
 mod files;
 mod lookups;
+mod siblings;
 mod vendor;
 
 pub use files::TargetEnv;
@@ -48,16 +49,8 @@ pub struct Planner {
     /// DT_NEEDED names already followed: the loader opens a name once per process (later
     /// objects needing it bind to the loaded one), so a stop need not resolve it again.
     needed_seen: HashSet<String>,
-    /// Directories whose shared objects were all planned at a stop (`plan_siblings`).
-    planned_dirs: HashSet<PathBuf>,
-    /// Objects to plan once the stopped process runs again, as (host path, path as the
-    /// target names it): a directory's siblings (`plan_later`).
-    later: VecDeque<(PathBuf, PathBuf)>,
-    /// Directories whose shared objects go to `later` once the stopped process runs again
-    /// (listing 200 entries took ~0.2 ms of the stop), as (host, shown) paths.
-    later_dirs: VecDeque<(PathBuf, PathBuf)>,
-    /// When the oldest object still in `later` was queued (for the debug line).
-    later_since: Option<Instant>,
+    /// Directories whose shared objects are planned while the process runs on (`plan_next`).
+    later: siblings::Siblings,
     elf_cache: HashMap<(FileId, bool), Result<Arc<ElfObject>, String>>,
     /// What was read of each object, remembered across runs (on disk).
     lookups: lookups::LookupCache,
@@ -93,10 +86,7 @@ impl Planner {
             seen_inodes: HashSet::new(),
             seen_paths: HashSet::new(),
             needed_seen: HashSet::new(),
-            planned_dirs: HashSet::new(),
-            later: VecDeque::new(),
-            later_dirs: VecDeque::new(),
-            later_since: None,
+            later: siblings::Siblings::default(),
             elf_cache: HashMap::new(),
             lookups: lookups::LookupCache::new(&planner_lookup(Path::new(""))),
             warned: HashSet::new(),
@@ -199,84 +189,57 @@ impl Planner {
             PathBuf::from(format!("/proc/{pid}/fd/{dfd}")).join(path)
         };
         let first_time = !self.seen_paths.contains(&full);
-        // A process that opens a queued object before its turn is ahead of the queue: go on
-        // from there (it likely opens the next ones next), the skipped ones last.
-        if let Some(at) = self.later.iter().position(|(host, _)| *host == full) {
-            self.later.rotate_left(at + 1);
-        }
+        // A process that opens a queued object before its turn is ahead of the queue.
+        self.later.opened(&full);
         self.consider(bpf, &full, path, false)?;
-        // The loader opens its dependencies next, and each unplanned one would stop the
-        // process again (launch mode): plan them while it is held for this one.
-        if first_time
-            && let Some(obj) = self.parse(&full)
-            && obj.needed.iter().any(|n| !self.needed_seen.contains(n))
-        {
-            self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
-        }
-        if first_time {
-            self.plan_siblings(&full, path);
+        if first_time && let Some(obj) = self.parse(&full) {
+            // The loader opens its dependencies next, and each unplanned one would stop the
+            // process again (launch mode): plan them while it is held for this one.
+            if obj.needed.iter().any(|n| !self.needed_seen.contains(n)) {
+                self.attach_closure_shown(bpf, &full, path, &TargetEnv::of_process(pid), true)?;
+            }
+            // Its siblings next (see `siblings`); a file that is not an ELF object (the
+            // loader's `ld.so.cache`) says nothing of its directory.
+            self.later.queue_dir_of(&full, path);
         }
         Ok(())
     }
 
-    /// A program that opens one unplanned shared object of a directory (a plugin or
-    /// extension directory) often opens its siblings next, each a stop of its own in launch
-    /// mode: the directory is queued at the first one, and `plan_later` lists it (when it
-    /// holds at most `MAX_SIBLINGS`: a system library directory with thousands is left alone)
-    /// and plans its objects while the process runs on. One it opens before its turn stops it
-    /// as before, since a path is marked planned only once its probes are in place.
-    fn plan_siblings(&mut self, full: &Path, shown: &Path) {
-        let (Some(dir), Some(shown_dir)) = (full.parent(), shown.parent()) else {
-            return;
-        };
-        if self.planned_dirs.insert(dir.to_path_buf()) {
-            self.later_since.get_or_insert_with(Instant::now);
-            self.later_dirs
-                .push_back((dir.to_path_buf(), shown_dir.to_path_buf()));
-        }
-    }
-
-    /// Queues the shared objects of a directory queued by `plan_siblings`, in name order (the
-    /// order a program loading "every plugin" usually goes in).
-    fn list_siblings(&mut self, dir: &Path, shown_dir: &Path) {
-        const MAX_SIBLINGS: usize = 256;
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        let mut names: Vec<std::ffi::OsString> = entries
-            .flatten()
-            .map(|e| e.file_name())
-            .filter(|n| memchr_so(n.as_bytes()))
-            .take(MAX_SIBLINGS + 1)
-            .collect();
-        if names.len() > MAX_SIBLINGS {
-            return;
-        }
-        names.sort();
-        self.later.extend(
-            names
-                .into_iter()
-                .map(|name| (dir.join(&name), shown_dir.join(&name))),
-        );
-    }
-
-    /// Whether objects wait for `plan_later`.
+    /// Whether objects wait for `plan_next`.
     pub fn has_later(&self) -> bool {
-        !self.later.is_empty() || !self.later_dirs.is_empty()
+        !self.later.is_empty()
     }
 
     /// Takes one step of the work queued for later: lists a queued directory, or plans one
-    /// of the objects queued.
+    /// of the objects queued. One it opens before its turn stops it as before, since a path
+    /// is marked planned only once its probes are in place.
     pub fn plan_next(&mut self, bpf: &mut Bpf) -> Result<()> {
-        if let Some((dir, shown_dir)) = self.later_dirs.pop_front() {
-            self.list_siblings(&dir, &shown_dir);
-        } else if let Some((host, shown)) = self.later.pop_front() {
+        if !self.later.list_next()
+            && let Some((host, shown)) = self.later.pop()
+        {
             self.consider(bpf, &host, &shown, false)?;
         }
-        if !self.has_later()
-            && let Some(since) = self.later_since.take()
+        if self.later.is_empty()
+            && let Some(since) = self.later.since.take()
         {
             self.said_how_long(since, "a directory's objects in the background");
+        }
+        Ok(())
+    }
+
+    /// At a stop (launch mode): the next objects of the queue too, while the process is held
+    /// (listing a queued directory first). A process that overtook the background plan, or
+    /// just resumed from the stop that queued its directory, would otherwise stop again at
+    /// its next object: a stop costs it the signal, our wakeup and its own (0.1-0.3 ms),
+    /// several objects' planning.
+    pub fn plan_ahead_at_stop(&mut self, bpf: &mut Bpf) -> Result<()> {
+        const AHEAD: usize = 2;
+        let mut planned = 0;
+        while planned < AHEAD && self.has_later() {
+            if !self.later.has_unlisted() {
+                planned += 1;
+            }
+            self.plan_next(bpf)?;
         }
         Ok(())
     }
@@ -495,7 +458,10 @@ impl Planner {
 
     /// Attaches every probe that belongs in the object at `host` (shown to users as `shown`),
     /// then marks `shown` planned: opening it needs no stop from then on (launch mode), so
-    /// the mark comes only once its probes are in place (the process may be running).
+    /// the mark comes only once its probes are in place (the process may be running). A
+    /// path considered before was marked then (`shown` follows from `host`), and marks are
+    /// never taken back: a second mark, a system call at each open of a planned object, is
+    /// not made.
     pub fn consider(
         &mut self,
         bpf: &mut Bpf,
@@ -503,8 +469,11 @@ impl Planner {
         shown: &Path,
         explicit: bool,
     ) -> Result<()> {
+        let new_path = !self.seen_paths.contains(host);
         let attached = self.attach_object(bpf, host, shown, explicit);
-        bpf.mark_known_path(shown.as_os_str().as_bytes());
+        if new_path {
+            bpf.mark_known_path(shown.as_os_str().as_bytes());
+        }
         attached
     }
 

@@ -159,13 +159,12 @@ impl Planner {
         let parsed = match remembered {
             Some(obj) => Ok(Arc::new(obj)),
             None => {
-                let parsed = ElfObject::open_lookup(host, &lookup)
-                    .map(Arc::new)
-                    .map_err(|e| format!("{e:#}"));
+                let (parsed, unchanged) = read_object(host, id, &lookup);
+                let parsed = parsed.map(Arc::new);
                 // Remembered only when the file did not change while it was read.
                 if let Ok(obj) = &parsed
                     && lookup.scan.is_none()
-                    && fs::metadata(host).is_ok_and(|m| FileId::of(&m) == id)
+                    && unchanged
                 {
                     self.lookups.put(&id, obj);
                 }
@@ -175,6 +174,29 @@ impl Planner {
         self.elf_cache.insert(key, parsed.clone());
         parsed
     }
+}
+
+/// Reads what `lookup` asks of the object at `host`, and whether it is the file of identity
+/// `id` and did not change while it was read (both known from its open descriptor: no path
+/// is looked up again).
+fn read_object(
+    host: &Path,
+    id: FileId,
+    lookup: &memscope_symbols::elf::Lookup,
+) -> (Result<ElfObject, String>, bool) {
+    let file = match fs::File::open(host) {
+        Ok(f) => f,
+        Err(e) => return (Err(format!("cannot read {}: {e}", host.display())), false),
+    };
+    let before = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return (Err(format!("cannot read {}: {e}", host.display())), false),
+    };
+    let parsed =
+        ElfObject::read_lookup(&file, host, before.len(), lookup).map_err(|e| format!("{e:#}"));
+    let unchanged =
+        FileId::of(&before) == id && file.metadata().is_ok_and(|after| FileId::of(&after) == id);
+    (parsed, unchanged)
 }
 
 impl TargetEnv {

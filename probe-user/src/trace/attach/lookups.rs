@@ -18,7 +18,7 @@ use super::files::FileId;
 use crate::trace::disk_cache;
 use memscope_symbols::ElfObject;
 use memscope_symbols::elf::{FunctionSymbol, Lookup};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -95,7 +95,7 @@ impl LookupCache {
         }
         self.misses += 1;
         let key = self.key(id);
-        let text = to_json(obj).to_string();
+        let text = to_json(obj);
         self.pending.push_str(&key);
         self.pending.push('\t');
         self.pending.push_str(&text);
@@ -220,21 +220,67 @@ fn digest(lookup: &Lookup) -> u64 {
     h
 }
 
-fn to_json(obj: &ElfObject) -> Value {
+/// The entry's JSON text, written directly (building a `serde_json::Value` first, a map of
+/// owned keys and values, cost several times as much for each object of a directory).
+fn to_json(obj: &ElfObject) -> String {
+    use std::fmt::Write as _;
+    /// A JSON string: quoted, with `"`, `\` and control characters escaped.
+    fn text(out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    fn list(out: &mut String, items: &[String]) {
+        out.push('[');
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            text(out, item);
+        }
+        out.push(']');
+    }
+    fn optional(out: &mut String, v: &Option<String>) {
+        match v {
+            Some(v) => text(out, v),
+            None => out.push_str("null"),
+        }
+    }
     let mut functions: Vec<&FunctionSymbol> = obj.functions.values().collect();
     functions.sort_by(|a, b| a.name.cmp(&b.name));
-    json!({
-        "functions": functions
-            .iter()
-            .map(|f| json!([f.name, f.address, f.size, f.file_offset]))
-            .collect::<Vec<_>>(),
-        "exported": obj.exported,
-        "needed": obj.needed,
-        "soname": obj.soname,
-        "runpath": obj.runpath,
-        "rpath": obj.rpath,
-        "interpreter": obj.interpreter,
-    })
+    let mut out = String::with_capacity(160);
+    out.push_str("{\"exported\":");
+    list(&mut out, &obj.exported);
+    out.push_str(",\"functions\":[");
+    for (i, f) in functions.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push('[');
+        text(&mut out, &f.name);
+        let _ = write!(out, ",{},{},{}]", f.address, f.size, f.file_offset);
+    }
+    out.push_str("],\"interpreter\":");
+    optional(&mut out, &obj.interpreter);
+    out.push_str(",\"needed\":");
+    list(&mut out, &obj.needed);
+    out.push_str(",\"rpath\":");
+    list(&mut out, &obj.rpath);
+    out.push_str(",\"runpath\":");
+    list(&mut out, &obj.runpath);
+    out.push_str(",\"soname\":");
+    optional(&mut out, &obj.soname);
+    out.push('}');
+    out
 }
 
 fn from_json(text: &str) -> Option<ElfObject> {
@@ -286,6 +332,7 @@ fn from_json(text: &str) -> Option<ElfObject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn an_entry_reads_back_as_it_was_written() {
@@ -295,6 +342,7 @@ mod tests {
         };
         obj.needed.push("libx.so".into());
         obj.runpath.push("$ORIGIN/../lib".into());
+        obj.rpath.push("/odd \"dir\"\\\n\u{1}é".into());
         obj.functions.insert(
             "halMemAlloc".into(),
             FunctionSymbol {
@@ -306,7 +354,19 @@ mod tests {
         );
         obj.exported.push("halMemAlloc".into());
         obj.exported.sort();
-        let back = from_json(&to_json(&obj).to_string()).unwrap();
+        let written = to_json(&obj);
+        // The text is what serde_json makes of the same object (so any JSON reader takes it).
+        let expected = json!({
+            "functions": [["halMemAlloc", 0x1234, 42, 0x234]],
+            "exported": obj.exported,
+            "needed": obj.needed,
+            "soname": obj.soname,
+            "runpath": obj.runpath,
+            "rpath": obj.rpath,
+            "interpreter": obj.interpreter,
+        });
+        assert_eq!(serde_json::from_str::<Value>(&written).unwrap(), expected);
+        let back = from_json(&written).unwrap();
         assert_eq!(back.functions, obj.functions);
         assert_eq!(back.exported, obj.exported);
         assert_eq!(back.needed, obj.needed);

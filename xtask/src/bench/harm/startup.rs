@@ -99,7 +99,8 @@ impl Bench {
             "### Launch-mode start-up of a program that loads 200 shared objects\n\n\
              `bench_dlopen` dlopens 200 small libraries of one directory by path (none holds a \
              probed function; none was planned ahead: the first open stops the target, the \
-             rest of the directory is planned while it runs on). *program*: its own time from \
+             directory is listed and the next objects planned at that stop, the rest while \
+             it runs on). *program*: its own time from \
              `main` to the last `dlopen`; *wall*: the whole command, tracer start-up (BPF load) \
              and exit included. *cold*: the tracer's ELF lookup cache emptied before each run; \
              *warm*: filled by an earlier run (a `stat` per object instead of reading it). \
