@@ -936,8 +936,15 @@ fn blocks_handed_between_cpus_keep_their_order() {
             .map(|b| (b.kind.clone(), b.tid, b.addr))
             .collect();
         assert_eq!(want.len(), 2 * handoffs, "{name}");
-        // Addresses are reused across the two threads: the order matters.
-        assert!(want.iter().filter(|w| w.2 == want[0].2).count() > handoffs / 4);
+        // Addresses are reused across the two threads: the order matters. (Which address
+        // depends on the run: a freer late by more than the pause once leaves two blocks in
+        // the HAL's free list, and the other one is reused from then on.)
+        let most_reused = want
+            .iter()
+            .map(|w| want.iter().filter(|v| v.2 == w.2).count())
+            .max()
+            .unwrap_or(0);
+        assert!(most_reused > handoffs / 4, "{name}: {most_reused}");
         let mut rows = rows_of(&out_dir, gt.pid);
         rows.retain(|r| r.event == "MALLOC" || r.event == "FREE");
         rows.sort_by_key(|r| r.id);
