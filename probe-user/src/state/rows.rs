@@ -56,20 +56,7 @@ impl ProcessState {
         } else {
             String::new()
         };
-        Row {
-            event,
-            event_type: b.kind.event_type(),
-            name: "N/A".into(),
-            ts_ns,
-            pid: self.pid,
-            tid,
-            device: DeviceKey::from_id(b.device),
-            ptr: Some(b.addr),
-            size: Some(b.size),
-            attr,
-            c_stack: None,
-            py_stack: None,
-        }
+        self.block_row(event, b, tid, ts_ns, attr)
     }
 }
 
@@ -106,6 +93,11 @@ impl ProcessState {
         } else {
             String::new()
         };
+        self.block_row(event, b, tid, ts_ns, attr)
+    }
+
+    /// The MALLOC or FREE row of block `b`, with its Attr text already made.
+    fn block_row(&self, event: &'static str, b: &Block, tid: u32, ts_ns: u64, attr: String) -> Row {
         Row {
             event,
             event_type: b.kind.event_type(),
