@@ -34,7 +34,8 @@ pub fn free_bytes(path: &Path) -> Result<u64> {
 /// (~3 GiB, measured on a fresh clone), the torch test bed's venvs when not installed yet (~12
 /// GiB with PyPI torch's CUDA wheels), and room for the traces the tests write.
 fn needed_bytes(repo: &Path) -> u64 {
-    let build = if repo.join("target/debug/deps").is_dir() {
+    // `cargo xtask` has built xtask itself by now: look for the tracer's own build.
+    let build = if repo.join("target/debug/memscope-bpf").is_file() {
         GIB
     } else {
         4 * GIB
