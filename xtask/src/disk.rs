@@ -6,6 +6,7 @@
 
 use std::{
     fs,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -72,15 +73,14 @@ pub fn preflight(repo: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The tests' `TMPDIR`, emptied before each run: one directory per checkout under the system's
-/// temporary directory (which every user can traverse, as the tests that drop privileges need),
-/// so two checkouts testing at once do not empty each other's.
+/// The tests' `TMPDIR`, emptied before each run: one directory per checkout (named by its
+/// inode) under the system's temporary directory (which every user can traverse, as the tests
+/// that drop privileges need), so two checkouts testing at once do not empty each other's.
 pub fn fresh_test_tmp(repo: &Path) -> Result<PathBuf> {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in repo.as_os_str().as_encoded_bytes() {
-        hash = (hash ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    let dir = std::env::temp_dir().join(format!("memscope-bpf-tests-{hash:016x}"));
+    let checkout = fs::metadata(repo)
+        .with_context(|| format!("reading {}", repo.display()))?
+        .ino();
+    let dir = std::env::temp_dir().join(format!("memscope-bpf-tests-{checkout}"));
     if dir.exists() {
         fs::remove_dir_all(&dir).with_context(|| format!("emptying {}", dir.display()))?;
     }
