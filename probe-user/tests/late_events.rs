@@ -33,27 +33,19 @@ fn trace(name: &str, slow_ms: Option<u32>) -> (String, String, Vec<DumpRow>) {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     let log = std::fs::read_to_string(&log).unwrap();
-    let pid: u32 = log
-        .lines()
-        .find_map(|l| l.strip_prefix("SUMMARY pid="))
-        .unwrap_or_else(|| panic!("no SUMMARY in {log}"))
-        .parse()
-        .unwrap();
+    let pid: u32 = log_lines(&log, "SUMMARY")[0]["pid"].parse().unwrap();
     let rows = rows_of(&out_dir, pid);
     (stderr, log, rows)
 }
 
 /// (event, address) of the program's own calls, sorted; and of the dump's MALLOC/FREE rows.
 fn calls_of_log(log: &str) -> Vec<(String, u64)> {
-    let mut v: Vec<_> = log
-        .lines()
-        .filter_map(|l| {
-            let event = match l.split(' ').next()? {
-                "ALLOC" => "MALLOC",
-                "FREE" => "FREE",
-                _ => return None,
-            };
-            Some((event.to_owned(), hex(log_fields(l)["addr"])))
+    let mut v: Vec<_> = [("ALLOC", "MALLOC"), ("FREE", "FREE")]
+        .into_iter()
+        .flat_map(|(kind, event)| {
+            log_lines(log, kind)
+                .into_iter()
+                .map(move |f| (event.to_owned(), hex(f["addr"])))
         })
         .collect();
     v.sort();
@@ -100,10 +92,10 @@ fn a_free_returning_after_the_reorder_window_is_kept_and_reported() {
     // B's calls (B started 20 ms after A was about to call the free).
     let late = out_of_order(&rows);
     assert_eq!(late.len(), 1, "{stderr}");
-    let a_block = log
-        .lines()
-        .find(|l| l.starts_with("ALLOC") && l.contains(&format!("size={}", 64 << 20)))
-        .map(|l| hex(log_fields(l)["addr"]))
+    let a_block = log_lines(&log, "ALLOC")
+        .into_iter()
+        .find(|f| f["size"] == (64 << 20).to_string())
+        .map(|f| hex(f["addr"]))
         .unwrap();
     assert_eq!(
         (late[0].event.as_str(), hex(&late[0].ptr)),
