@@ -385,17 +385,13 @@ impl Planner {
             }
         }
         // A library that appears later in a directory searched before is planned when opened.
-        let ns = env
-            .root
-            .as_ref()
-            .filter(|_| self.remember_searches)
-            .and_then(|r| fs::read_link(r.parent()?.join("ns/mnt")).ok());
+        let ns = env.mount_ns.as_ref().filter(|_| self.remember_searches);
         let mut seen_dirs = HashSet::new();
         for dir in dirs {
             if !seen_dirs.insert(dir.clone()) {
                 continue;
             }
-            if let Some(ns) = &ns {
+            if let Some(ns) = ns {
                 let modified = fs::metadata(env.host_path(&dir))
                     .and_then(|m| m.modified())
                     .ok();

@@ -37,6 +37,9 @@ pub struct TargetEnv {
     pub ascend_home: Option<PathBuf>,
     /// Prefix for paths as the target sees them (`/proc/PID/root` for another mount namespace).
     pub root: Option<PathBuf>,
+    /// The target's mount namespace (the `/proc/PID/ns/mnt` link's text), when it is a running
+    /// process other than our own child.
+    pub mount_ns: Option<PathBuf>,
 }
 
 impl TargetEnv {
@@ -48,15 +51,14 @@ impl TargetEnv {
                 .unwrap_or_default(),
             ascend_home: std::env::var_os("ASCEND_HOME_PATH").map(PathBuf::from),
             root: None,
+            mount_ns: None,
         }
     }
 
-    /// A running process's environment, from `/proc/PID/environ`.
+    /// A running process's environment, from `/proc/PID/environ`, with its paths as in
+    /// [`TargetEnv::of_process_root`].
     pub fn of_process(pid: u32) -> Self {
-        let mut env = TargetEnv {
-            root: Some(PathBuf::from(format!("/proc/{pid}/root"))),
-            ..Default::default()
-        };
+        let mut env = Self::of_process_root(pid);
         if let Ok(bytes) = fs::read(format!("/proc/{pid}/environ")) {
             for var in bytes.split(|b| *b == 0) {
                 if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
@@ -159,6 +161,7 @@ impl Planner {
         let parsed = match remembered {
             Some(obj) => Ok(Arc::new(obj)),
             None => {
+                self.lookups.misses += 1;
                 let (parsed, unchanged) = read_object(host, id, &lookup);
                 let parsed = parsed.map(Arc::new);
                 // Remembered only when the file did not change while it was read.
@@ -215,11 +218,12 @@ impl TargetEnv {
             )
         });
         let root = PathBuf::from(format!("/proc/{pid}/root"));
-        let same_namespace = our_namespace.is_some()
-            && fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == *our_namespace;
+        let mount_ns = fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+        let same_namespace = our_namespace.is_some() && mount_ns == *our_namespace;
         let same_root = our_root.is_some() && identity(&root) == *our_root;
         TargetEnv {
             root: (!(same_namespace && same_root)).then_some(root),
+            mount_ns,
             ..Default::default()
         }
     }

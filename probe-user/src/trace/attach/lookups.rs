@@ -44,6 +44,7 @@ pub(super) struct LookupCache {
     /// Lines not written yet.
     pending: String,
     pending_count: usize,
+    /// Objects found in the cache, and objects read from their files (cached or not).
     pub(super) hits: usize,
     pub(super) misses: usize,
     /// For the user (the planner passes them on).
@@ -93,7 +94,6 @@ impl LookupCache {
         if self.path.is_none() {
             return;
         }
-        self.misses += 1;
         let key = self.key(id);
         let text = to_json(obj);
         self.pending.push_str(&key);
