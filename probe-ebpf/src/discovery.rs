@@ -69,7 +69,8 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     let ret: i64 = unsafe { ctx.read_at(offsets().openat_ret as usize) }.unwrap_or(-1);
     if ret >= 0 {
         let launch = offsets().stop_on_discovery != 0;
-        let planned = unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_some();
+        // Only launch mode reads it (the agent and `--pid` never stop at an open).
+        let planned = launch && unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_some();
         if launch && planned && offsets().python_stacks == 0 {
             // Its probes are in place: user space only refreshes what it caches about the
             // process's mappings, and the record reaches it in order, before any later record

@@ -313,46 +313,37 @@ impl PackedCalls<'_> {
     /// fields a packed call sets are written (a 360-byte event zeroed and moved per call was
     /// ~5% of the node agent's CPU). Returns false at the end of the batch.
     pub fn next_into(&mut self, raw: &mut RawEvent) -> bool {
-        let (Some(ids), Some(desc), Some(ts_ns)) = (self.word(), self.word(), self.word()) else {
-            return false;
-        };
+        self.fill(raw).is_some()
+    }
+
+    fn fill(&mut self, raw: &mut RawEvent) -> Option<()> {
+        let (ids, desc, ts_ns) = (self.word()?, self.word()?, self.word()?);
         raw.kind = kind::CALL;
         raw.pid = ids as u32;
         raw.tid = (ids >> 32) as u32;
         raw.probe = (desc & packed::PROBE_MASK) as u16;
         raw.flags = (desc >> packed::FLAGS_SHIFT & packed::FLAGS_MASK) as u16;
         raw.ts_ns = ts_ns;
-        let mut word = |present: bool| if present { self.word() } else { Some(0) };
-        let (Some(ret_ts), Some(deref), Some(ret_word)) = (
-            word(desc & packed::RET_TS != 0),
-            word(desc & packed::DEREF != 0),
-            word(desc & packed::RET_WORD != 0),
-        ) else {
-            return false;
-        };
         raw.ret_ts_ns = if desc & packed::RET_TS != 0 {
-            ret_ts
+            self.word()?
         } else {
             ts_ns
         };
-        raw.deref = deref;
+        raw.deref = if desc & packed::DEREF != 0 {
+            self.word()?
+        } else {
+            0
+        };
         raw.ret = if desc & packed::RET_WORD != 0 {
-            ret_word
+            self.word()?
         } else {
             (desc >> packed::RET_SHIFT) as u32 as i32 as i64 as u64
         };
         let kept = desc >> packed::ARGS_SHIFT & packed::ARGS_MASK;
         for (i, arg) in raw.args.iter_mut().enumerate() {
-            *arg = if kept & 1 << i != 0 {
-                match self.word() {
-                    Some(w) => w,
-                    None => return false,
-                }
-            } else {
-                0
-            };
+            *arg = if kept & 1 << i != 0 { self.word()? } else { 0 };
         }
-        true
+        Some(())
     }
 }
 
