@@ -126,6 +126,9 @@ struct CodeEntry {
 pub struct PyStacks {
     depth: usize,
     procs: HashMap<u32, ProcState>,
+    /// The process `enable` last looked at (calls come in runs from one process: the next
+    /// look without `again` there changes nothing, and this saves it two map lookups).
+    last_looked: Option<u32>,
 }
 
 /// What [`PyStacks::configure`] found, for the caller to hand to BPF.
@@ -142,6 +145,7 @@ impl PyStacks {
         PyStacks {
             depth,
             procs: HashMap::new(),
+            last_looked: None,
         }
     }
 
@@ -154,7 +158,7 @@ impl PyStacks {
     }
 
     /// True once `pid`'s mappings were searched (whatever was found).
-    pub fn was_looked_at(&self, pid: u32) -> bool {
+    fn was_looked_at(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
     }
 
@@ -204,6 +208,16 @@ impl PyStacks {
     /// [`configure`](Self::configure) and hand the result to BPF. `again`: look again in a
     /// process where no interpreter was found before (it may have loaded libpython since).
     pub fn enable(&mut self, bpf: &mut crate::trace::bpf::Bpf, pid: u32, again: bool) {
+        if !again && self.last_looked == Some(pid) {
+            return;
+        }
+        self.look(bpf, pid, again);
+        if !again && self.was_looked_at(pid) {
+            self.last_looked = Some(pid);
+        }
+    }
+
+    fn look(&mut self, bpf: &mut crate::trace::bpf::Bpf, pid: u32, again: bool) {
         if self.is_known(pid) || (!again && self.was_looked_at(pid)) {
             return;
         }
@@ -226,6 +240,9 @@ impl PyStacks {
     /// The process exited or exec'd: its code objects and interpreter are gone.
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
+        if self.last_looked == Some(pid) {
+            self.last_looked = None;
+        }
     }
 
     /// The text for a call of `pid` that came without a Python sample.

@@ -21,23 +21,12 @@ impl Session {
             }
             again = false;
         }
-        // Calls come in runs from one process: after a look without `again`, further ones
-        // change nothing until the process is forgotten (two map lookups saved per call).
-        if !again && self.python_checked == Some(pid) {
-            return;
-        }
         if let Some(py) = &mut self.python {
             py.enable(&mut self.bpf, pid, again);
-            if !again && py.was_looked_at(pid) {
-                self.python_checked = Some(pid);
-            }
         }
     }
 
     pub(super) fn forget_python(&mut self, pid: u32) {
-        if self.python_checked == Some(pid) {
-            self.python_checked = None;
-        }
         if let Some(py) = &mut self.python {
             py.forget(pid);
             self.bpf.forget_python_process(pid);

@@ -170,8 +170,6 @@ pub struct Session {
     /// Thread -> the Python stack BPF sent for one of its calls (already resolved; the
     /// frames too for the mixed view), until that call comes.
     pending_py: HashMap<u32, PendingPython, AddrHash>,
-    /// The process `configure_python(pid, false)` last looked at (see there).
-    python_checked: Option<u32>,
     kernel_names: KernelNames,
     /// CLOCK_MONOTONIC when the last complete flush of the CPUs' call batches began: every
     /// call dated before it has reached the ring buffer.
@@ -217,7 +215,6 @@ impl Session {
             pending_stacks: HashMap::default(),
             python,
             pending_py: HashMap::default(),
-            python_checked: None,
             kernel_names: KernelNames::default(),
             flushed_at: 0,
             late: 0,
