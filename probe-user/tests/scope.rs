@@ -53,6 +53,28 @@ fn code_in_memory_and_on_disk(pid: u32, library: &Path, symbol: &str) -> (Vec<u8
     );
 }
 
+/// The workload's arguments for an alloc/free loop that logs to `log` and ends once `stop`
+/// exists (or after two minutes).
+fn loop_args<'a>(log: &'a Path, stop: &'a Path) -> [&'a std::ffi::OsStr; 6] {
+    [
+        "--loop-ms".as_ref(),
+        "120000".as_ref(),
+        "--stop-file".as_ref(),
+        stop.as_os_str(),
+        "--log".as_ref(),
+        log.as_os_str(),
+    ]
+}
+
+/// That loop, untraced.
+fn spawn_loop(log: &Path, stop: &Path) -> std::process::Child {
+    Command::new(bin("workload"))
+        .args(loop_args(log, stop))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Runs a traced workload next to an untraced one on the same library, with `scope` in the
 /// tracer's `MEMSCOPE_BPF_SCOPE`; returns whether halMemAlloc's code differs from the file in
 /// (the traced process, the untraced one), and checks the untraced one got no output.
@@ -61,19 +83,13 @@ fn breakpoints_with_scope(name: &str, scope: Option<&str>) -> (bool, bool) {
     let out_dir = dir.join("out");
     let stop = dir.join("stop");
     let neighbour_log = dir.join("neighbour.log");
-    let mut neighbour = Command::new(bin("workload"))
-        .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
-        .args(["--log", neighbour_log.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut neighbour = spawn_loop(&neighbour_log, &stop);
     wait_for_text(&neighbour_log, "FREE", 30);
     let log = dir.join("gt.log");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_memscope-bpf"));
     cmd.args(["-o", out_dir.to_str().unwrap(), "--"])
         .arg(bin("workload"))
-        .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
-        .args(["--log", log.to_str().unwrap()])
+        .args(loop_args(&log, &stop))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     match scope {
@@ -331,17 +347,9 @@ fn breakpoints_right_after_detach(name: &str, scope: Option<&str>) -> (bool, boo
     let dir = scratch(name);
     let out_dir = dir.join("out");
     let stop = dir.join("stop");
-    let spawn_loop = |log: &Path| {
-        Command::new(bin("workload"))
-            .args(["--loop-ms", "120000", "--stop-file", stop.to_str().unwrap()])
-            .args(["--log", log.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
     let (log, neighbour_log) = (dir.join("gt.log"), dir.join("neighbour.log"));
-    let mut target = spawn_loop(&log);
-    let mut neighbour = spawn_loop(&neighbour_log);
+    let mut target = spawn_loop(&log, &stop);
+    let mut neighbour = spawn_loop(&neighbour_log, &stop);
     wait_for_text(&log, "FREE", 30);
     wait_for_text(&neighbour_log, "FREE", 30);
     let stderr_path = dir.join("tracer.stderr");

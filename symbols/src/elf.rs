@@ -286,11 +286,13 @@ fn file_offset_of(file: &ElfFile64<Endianness>) -> impl Fn(u64) -> Option<u64> +
 
 /// A file mapped read-only and private: reading it never changes it, and the pages it is
 /// not asked for are never read from disk.
-struct MappedFile {
-    ptr: *mut libc::c_void,
-    len: usize,
-    /// A small file, read instead (`ptr` null).
-    read: Vec<u8>,
+enum MappedFile {
+    /// A small file, read instead.
+    Read(Vec<u8>),
+    Mapped {
+        ptr: *mut libc::c_void,
+        len: usize,
+    },
 }
 
 /// Files up to this size are read rather than mapped: one `read` costs less than a mapping,
@@ -324,11 +326,7 @@ impl MappedFile {
             }
             // A file that shrank meanwhile: what is there (the parse checks every bound).
             read.truncate(got);
-            return Ok(MappedFile {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-                read,
-            });
+            return Ok(MappedFile::Read(read));
         }
         // SAFETY: a fresh private read-only mapping of an open file; unmapped in Drop.
         let ptr = unsafe {
@@ -344,28 +342,26 @@ impl MappedFile {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(MappedFile {
-            ptr,
-            len,
-            read: Vec::new(),
-        })
+        Ok(MappedFile::Mapped { ptr, len })
     }
 
     fn bytes(&self) -> &[u8] {
-        if self.ptr.is_null() {
-            return &self.read;
+        match self {
+            MappedFile::Read(read) => read,
+            // SAFETY: the mapping is `len` bytes long and lives as long as `self`. (A file
+            // truncated under us would fault; libraries are replaced by rename, not rewritten.)
+            MappedFile::Mapped { ptr, len } => unsafe {
+                std::slice::from_raw_parts(*ptr as *const u8, *len)
+            },
         }
-        // SAFETY: the mapping is `len` bytes long and lives as long as `self`. (A file
-        // truncated under us would fault; libraries are replaced by rename, not rewritten.)
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 }
 
 impl Drop for MappedFile {
     fn drop(&mut self) {
-        if !self.ptr.is_null() {
+        if let MappedFile::Mapped { ptr, len } = *self {
             // SAFETY: unmapping our own mapping once.
-            unsafe { libc::munmap(self.ptr, self.len) };
+            unsafe { libc::munmap(ptr, len) };
         }
     }
 }

@@ -156,14 +156,7 @@ impl Bench {
 
         // CPU at a fixed event rate: the paced loop (host work between calls) for a fixed time.
         let secs = if self.opts.quick { 5 } else { 20 };
-        let paced: Vec<String> = vec![
-            "--mode".into(),
-            "hal".into(),
-            "--seconds".into(),
-            secs.to_string(),
-            "--work".into(),
-            "8".into(),
-        ];
+        let paced = paced_loop(secs);
         let paced_configs = [
             (
                 "counters",
@@ -286,15 +279,7 @@ impl Bench {
         // information once per file (when its first sampled stack comes), a one-time cost
         // shown apart; the measured run is then the steady state of a known binary.
         let warm_cpu0 = cpu_seconds(pid);
-        let warm: Vec<String> = vec![
-            "--mode".into(),
-            "hal".into(),
-            "--seconds".into(),
-            "1".into(),
-            "--work".into(),
-            "8".into(),
-        ];
-        self.run_workload(Config::Untraced, &warm)?;
+        self.run_workload(Config::Untraced, &paced_loop(1))?;
         let warm_cpu = cpu_seconds(pid) - warm_cpu0;
         // The agent is system-wide: events of other processes on the machine count too,
         // so its CPU is also given per event it received.
@@ -348,4 +333,18 @@ fn load_average() -> String {
         .ok()
         .and_then(|s| s.split_whitespace().next().map(str::to_string))
         .unwrap_or_else(|| "?".into())
+}
+
+/// `bench_loop`'s arguments for the paced HAL loop (host work between calls) run for `secs`.
+fn paced_loop(secs: u64) -> Vec<String> {
+    [
+        "--mode",
+        "hal",
+        "--seconds",
+        &secs.to_string(),
+        "--work",
+        "8",
+    ]
+    .map(String::from)
+    .to_vec()
 }
