@@ -451,8 +451,8 @@ pub struct TracepointOffsets {
     /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
     /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding.
     pub capture_stacks: u32,
-    /// 1: a Python stack sample with every traced call of a process in `PY_PROCS`
-    /// (`--call-stack=python`).
+    /// Not 0: a Python stack sample with every traced call of a process in `PY_PROCS`
+    /// (`--call-stack=python:N`), of at most this many frames (and `PY_MAX_FRAMES`).
     pub python_stacks: u32,
 }
 

@@ -368,7 +368,8 @@ fn pop_call(ctx: &RetProbeContext) -> Option<PendingSlot> {
 fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
     let probe = call.probe & COOKIE_PROBE_MASK as u32;
     let spec = *PROBE_SPECS.get(probe)?;
-    let stacks = offsets().capture_stacks != 0 || offsets().python_stacks != 0;
+    // A process without CPython keeps its calls batched when only Python stacks are on.
+    let stacks = offsets().capture_stacks != 0 || crate::python::runs_python(call.pid);
     let sampled = stacks && sampling::wants_stack(probe, &call.args, None);
     if !sampled && BATCHING.get(0).is_some_and(|b| *b != 0) {
         return batch_call(ctx, call, &spec);

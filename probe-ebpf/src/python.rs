@@ -55,6 +55,13 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
+/// True when Python stacks are on and `tgid` runs a CPython user space told us about: only
+/// then does a call need to leave the per-CPU batch for its stack.
+#[inline(always)]
+pub fn runs_python(tgid: u32) -> bool {
+    offsets().python_stacks != 0 && unsafe { PY_PROCS.get(&tgid) }.is_some()
+}
+
 /// Sends the Python stack of the current thread if its process runs a known CPython.
 #[inline(never)]
 pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
@@ -282,7 +289,10 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
         return 1;
     };
     let ev = unsafe { &mut *ev };
-    if w.n as usize >= PY_MAX_FRAMES {
+    // `python_stacks` is the depth asked for: frames past it are not read at all (the
+    // default, the program's own line, needs the innermost few).
+    let max = offsets().python_stacks as usize;
+    if w.n as usize >= PY_MAX_FRAMES || w.n as usize >= max {
         ev.flags |= py_flags::TRUNCATED;
         return 1;
     }

@@ -182,7 +182,8 @@ fn run(opts: Options) -> Result<u8> {
         .python_depth
         .filter(|d| *d > 0)
         .map(|d| d as usize);
-    offsets.python_stacks = python_depth.is_some() as u32;
+    // BPF reads no frame past the depth asked for.
+    offsets.python_stacks = python_depth.map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let mut python = python_depth.map(memscope_bpf::events::pystacks::PyStacks::new);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     // Launch mode stops processes that only we continue: a watchdog continues them if we die

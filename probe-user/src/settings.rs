@@ -20,6 +20,11 @@ pub const UNKNOWN_DEVICE_ID: u32 = 9999;
 pub const WATCH_NO_OUTPUT_ID: u32 = u32::MAX;
 /// `--call-stack` depth when a kind gives none, and the deepest allowed.
 pub const DEFAULT_CALL_STACK_DEPTH: u32 = 50;
+/// Python frames taken by default (no `--call-stack`): enough for the program's own line
+/// under the framework's few (torch.nn's module call, functional, the op), not a full walk.
+pub const DEFAULT_PYTHON_LINE_DEPTH: u32 = 16;
+/// `--call-stack`'s default: the Python frames that hold the program's own line.
+pub const DEFAULT_CALL_STACK: &str = "python:16";
 pub const MAX_CALL_STACK_DEPTH: u32 = 1000;
 pub const MAX_OOM_TOP_K: u32 = 1000;
 /// Longest `--watch` start/end name in bytes (msMemScope stores them in 255-byte C buffers).

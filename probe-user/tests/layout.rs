@@ -43,7 +43,10 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "analysis", "state", "events", "output", "cli", "settings", "digits", "log",
         ],
     ),
-    ("report", &["offline", "output", "settings", "log"]),
+    (
+        "report",
+        &["offline", "analysis", "output", "settings", "log"],
+    ),
     (
         "agent",
         &[

@@ -168,8 +168,11 @@
   root.appendChild(el('p', { 'class': 'sub' }, D.inputs.join(', ') + ' — ' + D.rows + ' rows, ' + D.span_s.toFixed(3) + ' s'));
   var totals = el('div', { 'class': 'cards' });
   root.appendChild(totals);
-  card(totals, String(D.leak_blocks), 'blocks leaked (live at the end)', { 'data-check': 'leak-blocks' });
-  card(totals, String(D.leak_bytes), 'bytes leaked', { 'data-check': 'leak-bytes' });
+  // Leaks as the program means them: tensors that outlived their step (or the run), driver
+  // memory no pool owns; what the pools keep cached is shown apart and called no leak.
+  card(totals, String(D.tensor_leak_blocks), 'tensors leaked (' + fmtBytes(D.tensor_leak_bytes) + ')', { 'data-check': 'tensor-leak-blocks', 'data-bytes': String(D.tensor_leak_bytes) });
+  card(totals, String(D.leak_blocks), 'driver blocks leaked, no pool owns them (' + fmtBytes(D.leak_bytes) + ')', { 'data-check': 'leak-blocks', 'data-bytes': String(D.leak_bytes) });
+  card(totals, fmtBytes(D.cached_bytes), 'cached by framework pools at the end (kept for reuse, not a leak)', { 'data-check': 'cached-bytes', 'data-bytes': String(D.cached_bytes) });
   card(totals, String(D.tracks.length), 'process/device curves');
 
   D.tracks.forEach(function (tr, n) {
@@ -181,7 +184,8 @@
     sec.appendChild(cards);
     card(cards, String(tr.peak), 'peak driver bytes (' + fmtBytes(tr.peak) + ') at ' + tr.peak_t.toFixed(3) + ' s', { 'data-check': 'peak', 'data-track': key });
     card(cards, String(tr.end_bytes), 'driver bytes at the end');
-    card(cards, String(tr.leaks.length), 'leaked blocks', { 'data-check': 'track-leaks', 'data-track': key });
+    card(cards, String(tr.leak_count), 'leaked driver blocks (no pool owns them)', { 'data-check': 'track-leaks', 'data-track': key });
+    if (tr.tensor_leaks.length) card(cards, String(tr.tensor_leaks.length), 'leaked tensors', { 'data-check': 'track-tensor-leaks', 'data-track': key });
     card(cards, tr.mallocs + ' / ' + tr.frees, 'driver allocations / frees');
     if (tr.pool_peak) card(cards, fmtBytes(tr.pool_peak), 'pool peak');
     memoryChart(sec, tr, 'mem-' + n);
@@ -198,11 +202,26 @@
       tr.peak_live.map(function (b) { return [b.size, b.owner, b.addr, b.alloc_id, b.t.toFixed(6), b.step, { site: b.site, stack: b.stack }]; }));
     sec.appendChild(el('h3', null, 'top sites at the peak'));
     table(sec, ['live bytes', 'blocks', 'site'], tr.peak_sites.map(function (s) { return [s.bytes, s.blocks, s.site]; }));
-    sec.appendChild(el('h3', null, 'leaks: ' + tr.leaks.length + ' block(s), ' + fmtBytes(tr.leak_bytes)));
+    if (tr.tensor_leaks.length) {
+      var tb = tr.tensor_leaks.reduce(function (a, t) { return a + t.size; }, 0);
+      sec.appendChild(el('h3', null, 'leaked tensors: ' + tr.tensor_leaks.length + ' block(s), ' + fmtBytes(tb)));
+      table(sec, ['line / stack', 'step', 'size', 'pool', 'address', 'allocation id', 'why'],
+        tr.tensor_leaks.map(function (t) { return [{ site: t.site, stack: t.stack }, t.step, t.size, t.pool, t.addr, t.alloc_id, t.why]; }))
+        .setAttribute('data-check', 'tensor-leaks');
+    }
+    tr.pools.forEach(function (p) {
+      var figures = p.reserved === null ? '' : ' (the pool says: allocated ' + p.allocated + ' bytes, reserved ' + p.reserved + ' bytes)';
+      sec.appendChild(el('p', { 'class': 'note', 'data-check': 'pool-held', 'data-pool': p.pool, 'data-track': key,
+        'data-allocated': String(p.allocated), 'data-reserved': String(p.reserved), 'data-cached': String(p.cached_bytes) },
+        p.pool + ' pool at the end: ' + p.segments + ' driver segment(s), ' + fmtBytes(p.segment_bytes) + '; ' +
+        fmtBytes(p.live_bytes) + ' in ' + p.live_blocks + ' live block(s); ' + fmtBytes(p.cached_bytes) +
+        ' cached for reuse (not a leak)' + figures));
+    });
+    sec.appendChild(el('h3', null, 'leaked driver memory (no pool owns it): ' + tr.leak_count + ' block(s), ' + fmtBytes(tr.leak_bytes)));
     if (tr.leaks.length) {
       table(sec, ['size', 'owner', 'address', 'allocation id', 'allocated (s)', 'step', 'thread', 'site / stack'],
         tr.leaks.map(function (b) { return [b.size, b.owner, b.addr, b.alloc_id, b.t.toFixed(6), b.step, b.tid, { site: b.site, stack: b.stack }]; }));
-    } else sec.appendChild(el('p', { 'class': 'note' }, 'no driver block was live at the end'));
+    } else sec.appendChild(el('p', { 'class': 'note' }, 'no driver block outside the pools was live at the end'));
   });
 
   if (D.compare) {

@@ -100,7 +100,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
     // Python frames come with the C stacks of the same sampled calls (mixed view).
     let python_depth =
         (opts.python_depth > 0 && stack_depth.is_some()).then_some(opts.python_depth);
-    offsets.python_stacks = python_depth.is_some() as u32;
+    offsets.python_stacks = python_depth.map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     if stack_depth.is_some() {
         sampling::configure_bpf(&mut bpf, opts.sample_bytes)?;

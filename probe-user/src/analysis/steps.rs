@@ -27,13 +27,19 @@ pub struct StepLeaks {
     found: BTreeMap<(u32, u32, u64, PoolKind), LiveBlock>,
 }
 
+/// The step-leak rule (msMemScope's): a block of an analysed pool allocated in step k >= 2
+/// that is still live at the end of a step after k. Step 1 warms the caches up; a block must
+/// have survived a whole later step.
+pub fn outlives_its_step(pool: PoolKind, alloc_step: u32, ended: u32) -> bool {
+    pool.analysed() && alloc_step > 1 && ended > alloc_step
+}
+
 impl StepLeaks {
     /// Checks the live blocks at the end of step `ended`; returns one message per finding.
     pub fn on_step_end(&mut self, ended: u32, live: &[LiveBlock]) -> Vec<String> {
         let mut msgs = Vec::new();
-        for b in live.iter().filter(|b| b.pool.analysed()) {
-            // Step 1 warms the caches up; a block must have survived a whole later step.
-            if b.alloc_step <= 1 || ended <= b.alloc_step {
+        for b in live {
+            if !outlives_its_step(b.pool, b.alloc_step, ended) {
                 continue;
             }
             msgs.push(format!(

@@ -196,12 +196,16 @@ pub struct Options {
     pub devices: DeviceFilter,
 
     /// c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
-    /// an empty value disables stacks [default: no stacks];
+    /// an empty value disables stacks [default: python:16, the
+    /// innermost 16 Python frames of a Python program, which hold
+    /// the line of its own code each leak and site names; nothing
+    /// for other programs];
     /// python: CPython 3.11-3.13 frames read from outside the
     /// process (Call Stack(Python) column); mixed: c and python,
     /// with the Python frames in the C column in place of the
     /// interpreter loop (_PyEval_EvalFrameDefault) running them
-    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT", default_value = "",
+    #[arg(long, value_name = "LIST", help_heading = "WHAT TO COLLECT",
+        default_value = crate::settings::DEFAULT_CALL_STACK,
         value_parser = Check(v::parsed::<CallStack>), verbatim_doc_comment)]
     pub call_stack: CallStack,
 

@@ -129,11 +129,12 @@ fn defaults() {
     assert_eq!(o.analysis, AnalysisSet::CLI_DEFAULT);
     assert!(o.analysis.leaks && o.analysis.oom_top_k.is_none());
     assert!(o.steps.is_empty());
+    // Python programs get their own line by default: the innermost 16 Python frames.
     assert_eq!(
         o.call_stack,
         CallStack {
             c_depth: None,
-            python_depth: None,
+            python_depth: Some(16),
             mixed: false
         }
     );
@@ -1469,7 +1470,7 @@ fn config_json_defaults_exact() {
     "dumpEventType": 7,
     "enableCStack": false,
     "enableCompare": false,
-    "enablePyStack": false,
+    "enablePyStack": true,
     "eventType": 7,
     "isEffective": true,
     "levelType": 1,
@@ -1477,7 +1478,7 @@ fn config_json_defaults_exact() {
     "npuSlots": 0,
     "oomTopK": 10,
     "outputDir": "/tmp/out",
-    "pyStackDepth": 0,
+    "pyStackDepth": 16,
     "watchConfig": {
         "end": "",
         "fullContent": false,

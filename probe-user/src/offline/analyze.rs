@@ -13,13 +13,14 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use anyhow::Result;
 
 use super::reader::{self, DumpRow, Loc, parse_ptr};
 use crate::{
-    analysis::steps::{Gaps, LiveBlock, StepLeaks},
+    analysis::steps::{Gaps, LiveBlock, StepLeaks, outlives_its_step},
     cli::Options,
     events::hal::{DEVICE_CPU, PageType},
     events::pools::PoolKind,
@@ -30,7 +31,7 @@ use crate::{
         leaks::{self, LeakCause, ProcessLeaks},
     },
     settings::UNKNOWN_DEVICE_ID,
-    state::{Block, BlockKind},
+    state::{Block, BlockKind, ExitMemory, PoolSegments, PoolTotals},
 };
 
 /// What the analysis found in one dump.
@@ -44,17 +45,52 @@ pub struct Analysis {
     pub frees: u64,
     /// HAL FREE rows that matched no live block.
     pub unmatched_frees: u64,
-    /// Blocks still live at the end, by process, in allocation order.
+    /// Driver blocks still live at the end, by process, in allocation order.
     pub leaks: BTreeMap<u32, Vec<Block>>,
+    /// Each process's end, sorted as the online report sorts it: leaked tensors, driver
+    /// blocks no pool owns, what the pools keep cached.
+    pub memory: BTreeMap<u32, ExitMemory>,
 }
 
 enum Ev {
     Step,
+    StepEnd,
     Malloc(Block),
     Free {
         addr: u64,
         allocation_id: Option<u64>,
     },
+    PoolMalloc(Block, Option<PoolTotals>),
+    PoolFree {
+        pool: PoolKind,
+        addr: u64,
+        allocation_id: Option<u64>,
+        totals: Option<PoolTotals>,
+    },
+}
+
+/// The pool of a pool row: its Event Type, the workspace told apart by its owner label.
+fn pool_of(row: &DumpRow) -> Option<PoolKind> {
+    Some(match row.event_type.as_str() {
+        "PTA"
+            if row
+                .attr("owner")
+                .is_some_and(|o| o.starts_with("PTA_WORKSPACE")) =>
+        {
+            PoolKind::PtaWorkspace
+        }
+        "PTA" => PoolKind::PtaCaching,
+        "PTA_WORKSPACE" => PoolKind::PtaWorkspace,
+        "ATB" => PoolKind::Atb,
+        "MINDSPORE" => PoolKind::MindSpore,
+        _ => return None,
+    })
+}
+
+/// The stacks of a row, as a block keeps them.
+fn row_stacks(row: &DumpRow) -> (Option<Arc<str>>, Option<Arc<str>>) {
+    let keep = |s: &str| (!s.trim().is_empty()).then(|| Arc::from(s));
+    (keep(&row.c_stack), keep(&row.python_stack))
 }
 
 /// Driver memory rows: HAL, and pinned host memory (`HOST` with `pinned:true`).
@@ -193,6 +229,53 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
         a.rows += 1;
         let ev = match row.event.as_str() {
             "MSTX" if row.event_type == "Range_start" && row.name == "step start" => Ev::Step,
+            "MSTX" if row.event_type == "Range_end" => Ev::StepEnd,
+            "MALLOC" | "FREE" if pool_of(&row).is_some() => {
+                let pool = pool_of(&row).expect("checked");
+                let addr = address(&row, loc, path)?;
+                let allocation_id = attr_u64(&row, "allocation_id", loc, path)?;
+                let totals = match (
+                    attr_u64(&row, "used", loc, path),
+                    attr_u64(&row, "total", loc, path),
+                ) {
+                    (Ok(Some(allocated)), Ok(Some(reserved))) => Some(PoolTotals {
+                        pool: Some(pool),
+                        device: device_id(row.device),
+                        allocated,
+                        reserved,
+                    }),
+                    _ => None,
+                };
+                if row.event == "FREE" {
+                    Ev::PoolFree {
+                        pool,
+                        addr,
+                        allocation_id,
+                        totals,
+                    }
+                } else {
+                    let (stack, py_stack) = row_stacks(&row);
+                    Ev::PoolMalloc(
+                        Block {
+                            allocation_id: allocation_id.unwrap_or(0),
+                            addr,
+                            size: attr_u64(&row, "size", loc, path)?.unwrap_or(0),
+                            device: device_id(row.device),
+                            kind: BlockKind::Pool(pool),
+                            tid: row.tid,
+                            ts_ns: row.ts_ns,
+                            step: 0,
+                            module_id: u32::MAX,
+                            page_type: PageType::Normal,
+                            stack,
+                            py_stack,
+                            kernel_index: 0,
+                            labels: None,
+                        },
+                        totals,
+                    )
+                }
+            }
             "MALLOC" if is_hal(&row) => {
                 let size = match row.attr("size") {
                     None => 0,
@@ -219,6 +302,7 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
                     Some("giant") => PageType::Giant,
                     _ => PageType::Normal,
                 };
+                let (stack, py_stack) = row_stacks(&row);
                 Ev::Malloc(Block {
                     allocation_id: attr_u64(&row, "allocation_id", loc, path)?.unwrap_or(0),
                     addr: address(&row, loc, path)?,
@@ -230,7 +314,8 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
                     step: 0,
                     module_id,
                     page_type,
-                    stack: None,
+                    stack,
+                    py_stack,
                     kernel_index: 0,
                     labels: None,
                 })
@@ -246,43 +331,127 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
     })?;
     evs.sort_by_key(|(ts, order, _, _)| (*ts, *order));
 
-    let mut steps: HashMap<u32, u32> = HashMap::new();
-    let mut live: HashMap<(u32, u64), Vec<Block>> = HashMap::new();
+    #[derive(Default)]
+    struct Proc {
+        step: u32,
+        in_step: bool,
+        live: HashMap<u64, Vec<Block>>,
+        pool_live: HashMap<(PoolKind, u64), Vec<Block>>,
+        segments: PoolSegments,
+        totals: Vec<PoolTotals>,
+        /// Pool blocks that outlived their step (by allocation order), with the last step end.
+        outlived: BTreeMap<(u64, u64, u64), (Block, u32)>,
+    }
+    /// Removes the block a FREE names: the one with its allocation id (or one without any).
+    fn take(blocks: &mut Vec<Block>, allocation_id: Option<u64>) -> Option<Block> {
+        let pos = match allocation_id {
+            Some(id) => blocks
+                .iter()
+                .rposition(|b| b.allocation_id == id || b.allocation_id == 0),
+            None => blocks.len().checked_sub(1),
+        }?;
+        Some(blocks.remove(pos))
+    }
+    fn note_totals(totals: &mut Vec<PoolTotals>, t: Option<PoolTotals>) {
+        let Some(t) = t else { return };
+        match totals
+            .iter_mut()
+            .find(|p| p.pool == t.pool && p.device == t.device)
+        {
+            Some(p) => *p = t,
+            None => totals.push(t),
+        }
+    }
+    let mut procs: BTreeMap<u32, Proc> = BTreeMap::new();
     for (_, _, pid, ev) in evs {
+        let p = procs.entry(pid).or_default();
         match ev {
-            Ev::Step => *steps.entry(pid).or_default() += 1,
+            Ev::Step => {
+                p.step += 1;
+                p.in_step = true;
+            }
+            // Any range end inside a step closes it, as msMemScope's step tracker does.
+            Ev::StepEnd => {
+                if !p.in_step {
+                    continue;
+                }
+                p.in_step = false;
+                for b in p.pool_live.values().flatten() {
+                    if let BlockKind::Pool(pool) = b.kind
+                        && outlives_its_step(pool, b.step, p.step)
+                    {
+                        p.outlived
+                            .entry((b.allocation_id, b.ts_ns, b.addr))
+                            .or_insert_with(|| (b.clone(), p.step))
+                            .1 = p.step;
+                    }
+                }
+            }
             Ev::Malloc(mut b) => {
                 a.mallocs += 1;
-                b.step = steps.get(&pid).copied().unwrap_or(0);
-                live.entry((pid, b.addr)).or_default().push(b);
+                b.step = p.step;
+                p.live.entry(b.addr).or_default().push(b);
             }
             Ev::Free {
                 addr,
                 allocation_id,
-            } => {
-                let blocks = live.entry((pid, addr)).or_default();
-                let pos = match allocation_id {
-                    Some(id) => blocks
-                        .iter()
-                        .rposition(|b| b.allocation_id == id || b.allocation_id == 0),
-                    None => blocks.len().checked_sub(1),
+            } => match p.live.get_mut(&addr).and_then(|v| take(v, allocation_id)) {
+                Some(_) => {
+                    a.frees += 1;
+                    p.segments.forget(addr);
+                }
+                None => a.unmatched_frees += 1,
+            },
+            Ev::PoolMalloc(mut b, totals) => {
+                b.step = p.step;
+                note_totals(&mut p.totals, totals);
+                let BlockKind::Pool(pool) = b.kind else {
+                    continue;
                 };
-                match pos {
-                    Some(i) => {
-                        blocks.remove(i);
-                        a.frees += 1;
-                    }
-                    None => a.unmatched_frees += 1,
+                let live = &p.live;
+                let addr = b.addr;
+                p.segments.note(pool, addr, || {
+                    live.values()
+                        .flatten()
+                        .find(|d| {
+                            d.kind == BlockKind::Device && d.addr <= addr && addr < d.addr + d.size
+                        })
+                        .map(|d| (d.addr, d.size))
+                });
+                p.pool_live.entry((pool, addr)).or_default().push(b);
+            }
+            Ev::PoolFree {
+                pool,
+                addr,
+                allocation_id,
+                totals,
+            } => {
+                note_totals(&mut p.totals, totals);
+                if let Some(v) = p.pool_live.get_mut(&(pool, addr)) {
+                    take(v, allocation_id);
                 }
             }
         }
     }
-    for ((pid, _), blocks) in live {
-        a.leaks.entry(pid).or_default().extend(blocks);
-    }
-    a.leaks.retain(|_, v| !v.is_empty());
-    for v in a.leaks.values_mut() {
-        v.sort_by_key(|b| (b.allocation_id, b.ts_ns, b.addr));
+    for (pid, p) in procs {
+        let order = |b: &Block| (b.allocation_id, b.ts_ns, b.addr);
+        let mut driver: Vec<Block> = p.live.into_values().flatten().collect();
+        driver.sort_by_key(order);
+        let mut pool: Vec<Block> = p.pool_live.into_values().flatten().collect();
+        pool.sort_by_key(order);
+        if !driver.is_empty() {
+            a.leaks.insert(pid, driver.clone());
+        }
+        let memory = ExitMemory::classify(
+            driver,
+            &p.segments,
+            pool,
+            &p.totals,
+            p.outlived.into_values(),
+        );
+        if !memory.is_empty() {
+            a.memory.insert(pid, memory);
+        }
     }
     Ok(a)
 }
@@ -313,15 +482,18 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
     let mut pool_reports = pool_reports(input)?;
     let mut report = Vec::new();
     let mut written = Vec::new();
-    for (pid, blocks) in a.leaks {
-        let mut out = ProcessOutput::new(&opts.output_dir, pid, config.clone());
-        let files = leaks::write_leak_files(&mut out, pid, &blocks)?;
-        written.extend(files.iter().cloned());
+    for (pid, memory) in a.memory {
+        let mut files = Vec::new();
+        if !(memory.tensor_leaks.is_empty() && memory.driver_leaks.is_empty()) {
+            let mut out = ProcessOutput::new(&opts.output_dir, pid, config.clone());
+            // The end of the dump stands for the end of the process.
+            files = leaks::write_leak_files(&mut out, pid, &memory, LeakCause::Exited)?;
+            written.extend(files.iter().cloned());
+        }
         report.push(ProcessLeaks {
             pid,
-            // The end of the dump stands for the end of the process.
             cause: LeakCause::Exited,
-            blocks,
+            memory,
             files,
             pool_report: pool_reports.remove(&pid).unwrap_or_default(),
         });

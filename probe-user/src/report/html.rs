@@ -11,10 +11,17 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::{
-    model::{LiveBlock, Model, Moment, TrackKey},
+    model::{LiveBlock, Model, Moment, Stacks, TrackKey},
     sites::{self, SiteRow},
 };
-use crate::{offline::compare, settings::Levels};
+use crate::{
+    offline::compare,
+    output::{
+        DeviceKey,
+        leaks::{PoolHeld, TensorLeak},
+    },
+    settings::Levels,
+};
 
 /// ECharts 6.1.0 `dist/echarts.min.js`, as published on npm (checked by a test).
 pub const ECHARTS_JS: &str = include_str!("../../assets/echarts/echarts.min.js");
@@ -106,11 +113,35 @@ fn stack_frames(model: &Model, owner: u32, stack: u32) -> Vec<String> {
 fn block_json(model: &Model, b: &LiveBlock, site_cache: &mut HashMap<u32, String>) -> Value {
     let site = site_cache
         .entry(b.stack)
-        .or_insert_with(|| sites::site_of(model.stack(b.stack)))
+        .or_insert_with(|| model.stack(b.stack).site())
         .clone();
     json!({"size": b.size, "owner": model.name(b.owner), "addr": format!("{:#018x}", b.addr),
         "alloc_id": b.alloc_id, "t": secs(model, b.ts), "step": b.step, "tid": b.tid,
-        "site": site, "stack": model.stack(b.stack)})
+        "site": site, "stack": model.stack(b.stack).text()})
+}
+
+/// A leaked tensor: the program's line first (what the user asks), then the block.
+fn tensor_leak_json(model: &Model, t: &TensorLeak) -> Value {
+    let b = &t.block;
+    let stacks = Stacks {
+        c: b.stack.as_deref().unwrap_or("").to_owned(),
+        python: b.py_stack.as_deref().unwrap_or("").to_owned(),
+    };
+    let why = match (t.outlived_to_step, t.live_at_end) {
+        (Some(s), true) => format!("still live after step {s} and at the end"),
+        (Some(s), false) => format!("still live after step {s}"),
+        (None, _) => "live at the end".to_owned(),
+    };
+    json!({"site": stacks.site(), "stack": stacks.text(), "step": b.step, "size": b.size,
+        "pool": b.kind.event_type(), "addr": format!("{:#018x}", b.addr),
+        "alloc_id": b.allocation_id, "t": secs(model, b.ts_ns), "tid": b.tid, "why": why})
+}
+
+/// What a pool held at the end: its segments are kept on purpose (cached), not leaked.
+fn pool_held_json(h: &PoolHeld) -> Value {
+    json!({"pool": h.pool_name(), "segments": h.segments, "segment_bytes": h.segment_bytes,
+        "live_blocks": h.live_blocks, "live_bytes": h.live_bytes, "cached_bytes": h.cached_bytes(),
+        "allocated": h.reported.map(|r| r.allocated), "reserved": h.reported.map(|r| r.reserved)})
 }
 
 fn sites_json(rows: &[SiteRow], n: usize) -> Value {
@@ -159,10 +190,10 @@ pub fn timeline_sites(model: &Model, by_stack: bool) -> BTreeMap<TrackKey, Vec<V
                         if s.is_empty() {
                             sites::NO_STACK.to_owned()
                         } else {
-                            s.to_owned()
+                            s.text()
                         }
                     } else {
-                        sites::site_of(s)
+                        s.site()
                     };
                     *site_ids.entry(name.clone()).or_insert_with(|| {
                         site_names.push(name);
@@ -239,6 +270,7 @@ pub fn data(model: &Model, inputs: &[String], compare: Option<&CompareInput>) ->
     let mut site_cache: HashMap<u32, String> = HashMap::new();
     let mut tracks = Vec::new();
     let (mut leak_blocks, mut leak_bytes) = (0u64, 0u64);
+    let (mut tensor_blocks, mut tensor_bytes, mut cached_bytes) = (0u64, 0u64, 0u64);
     for (n, key) in keys.iter().enumerate() {
         let t = &model.tracks[key];
         let empty = Vec::new();
@@ -249,9 +281,35 @@ pub fn data(model: &Model, inputs: &[String], compare: Option<&CompareInput>) ->
         let lb: u64 = leaks.iter().map(|b| b.size).sum();
         leak_blocks += leaks.len() as u64;
         leak_bytes += lb;
+        let exit = model.exit.get(&key.pid);
+        let tensor_leaks: Vec<Value> = exit
+            .into_iter()
+            .flat_map(|m| m.tensor_leaks.iter())
+            .filter(|t| DeviceKey::from_id(t.block.device) == key.device)
+            .map(|t| {
+                tensor_bytes += t.block.size;
+                tensor_blocks += 1;
+                tensor_leak_json(model, t)
+            })
+            .collect();
+        let pools: Vec<Value> = exit
+            .into_iter()
+            .flat_map(|m| m.pools.iter())
+            .filter(|h| DeviceKey::from_id(h.device) == key.device)
+            .map(|h| {
+                cached_bytes += h.cached_bytes();
+                pool_held_json(h)
+            })
+            .collect();
         let mut totals: HashMap<(u32, u32), u64> = HashMap::new();
+        // Tensors where the process had pools (what its code asked for), else driver blocks.
+        let allocation = if t.pool_peak > 0 {
+            super::model::Kind::PoolMalloc
+        } else {
+            super::model::Kind::Malloc
+        };
         for e in &model.events {
-            if e.kind == super::model::Kind::Malloc && e.pid == key.pid && e.device == key.device {
+            if e.kind == allocation && e.pid == key.pid && e.device == key.device {
                 *totals.entry((e.name, e.stack)).or_default() += e.size;
             }
         }
@@ -302,7 +360,10 @@ pub fn data(model: &Model, inputs: &[String], compare: Option<&CompareInput>) ->
             "peak_live": largest.iter().take(PEAK_BLOCKS).map(|b| block_json(model, b, &mut site_cache)).collect::<Vec<_>>(),
             "peak_sites": sites_json(&sites::by_site(model, at_peak, false), SITES),
             "leaks": leaks.iter().take(LEAKS).map(|b| block_json(model, b, &mut site_cache)).collect::<Vec<_>>(),
+            "leak_count": leaks.len(),
             "leak_bytes": lb,
+            "tensor_leaks": tensor_leaks.into_iter().take(LEAKS).collect::<Vec<_>>(),
+            "pools": pools,
             "timeline": timeline,
             "flame_live": flame_live,
             "flame_total": flame_total,
@@ -316,6 +377,9 @@ pub fn data(model: &Model, inputs: &[String], compare: Option<&CompareInput>) ->
         "timeline_ms": model.timeline_ms,
         "leak_blocks": leak_blocks,
         "leak_bytes": leak_bytes,
+        "tensor_leak_blocks": tensor_blocks,
+        "tensor_leak_bytes": tensor_bytes,
+        "cached_bytes": cached_bytes,
         "tracks": tracks,
         "compare": compare.map(|c| compare_json(model, c)),
         "generator": concat!("memscope-bpf ", env!("CARGO_PKG_VERSION")),

@@ -13,7 +13,7 @@
 //! * [`sites`]: live bytes per allocation site or stack (`--by-site`, `--by-stack`), folded
 //!   stacks for `flamegraph.pl` and speedscope JSON, at the end and at the peak.
 //!
-//! Uses `offline` (reading runs), `output` (device keys), `settings` and `log`; never the live
+//! Uses `offline` (reading runs), `analysis` (user sites), `output` (device keys), `settings` and `log`; never the live
 //! stages (`trace`, `events`, `state`, `session`) (tests/layout.rs checks it).
 
 pub mod html;

@@ -21,6 +21,7 @@ mod tests;
 pub use build::Builder;
 
 use crate::output::DeviceKey;
+use crate::output::leaks::ExitMemory;
 use anyhow::Result;
 use live::LiveSet;
 use std::collections::{BTreeMap, HashMap};
@@ -89,12 +90,43 @@ pub struct Event {
     pub tid: u32,
     /// Owner (memory events) or name (others), an index into [`Model::names`].
     pub name: u32,
-    /// Interned `Call Stack(C)`, 0 for none.
+    /// Interned stacks (`Call Stack(C)` and `Call Stack(Python)`), 0 for none.
     pub stack: u32,
     /// Pool kind (the Event Type, an index into [`Model::names`]) of a pool region; 0 else.
     pub pool: u32,
     pub device: DeviceKey,
     pub kind: Kind,
+}
+
+/// The stacks of a row: its C column and its Python column, either possibly empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Stacks {
+    pub c: String,
+    pub python: String,
+}
+
+impl Stacks {
+    pub fn is_empty(&self) -> bool {
+        self.c.trim().is_empty() && self.python.trim().is_empty()
+    }
+
+    /// The user's site (`analysis::sites`): the program's own line that asked for the memory.
+    pub fn site(&self) -> String {
+        crate::analysis::sites::user_site(&self.c, &self.python)
+    }
+
+    /// Both stacks as one text: the Python frames first (they name the program's lines), then
+    /// the C frames; the C column alone when it holds the Python frames already (`mixed`).
+    pub fn text(&self) -> String {
+        let python = self.python.trim_end();
+        if python.is_empty() || self.c.contains("[python] ") {
+            return self.c.clone();
+        }
+        if self.c.trim().is_empty() {
+            return python.to_owned();
+        }
+        format!("{python}\n{}", self.c)
+    }
 }
 
 /// A block live at some moment.
@@ -169,7 +201,7 @@ pub enum Moment {
 pub struct Model {
     pub events: Vec<Event>,
     pub names: Vec<String>,
-    pub stacks: Vec<String>,
+    pub stacks: Vec<Stacks>,
     pub files: Vec<(PathBuf, u64)>,
     pub tracks: BTreeMap<TrackKey, Track>,
     /// First and last event time (ns).
@@ -178,8 +210,12 @@ pub struct Model {
     pub timeline_ms: u64,
     /// Step starts per process (absolute ns).
     pub steps: BTreeMap<u32, Vec<u64>>,
-    /// Driver blocks live at the end, per track, in allocation order.
+    /// Driver blocks live at the end, per track, in allocation order: once the run's end is
+    /// sorted ([`Model::set_exit`]), only those no framework pool owns (leaks).
     pub leaks: BTreeMap<TrackKey, Vec<LiveBlock>>,
+    /// Each process's end as the leak report tells it (leaked tensors, driver blocks no pool
+    /// owns, what the pools keep cached), from `offline::analyze`.
+    pub exit: BTreeMap<u32, ExitMemory>,
 }
 
 #[derive(Default)]
@@ -230,7 +266,7 @@ impl Model {
     fn build(
         events: Vec<Event>,
         names: Vec<String>,
-        stacks: Vec<String>,
+        stacks: Vec<Stacks>,
         files: Vec<(PathBuf, u64)>,
         timeline_ms: u64,
     ) -> Model {
@@ -381,18 +417,40 @@ impl Model {
             timeline_ms,
             steps,
             leaks,
+            exit: BTreeMap::new(),
         }
+    }
+
+    /// Takes the run's end as the leak analysis sorted it: the driver blocks a pool keeps
+    /// (its cached segments) are no leaks.
+    pub fn set_exit(&mut self, exit: BTreeMap<u32, ExitMemory>) {
+        for (key, blocks) in self.leaks.iter_mut() {
+            let leaked: std::collections::HashSet<(u64, u64)> = exit
+                .get(&key.pid)
+                .map(|m| {
+                    m.driver_leaks
+                        .iter()
+                        .map(|b| (b.addr, b.allocation_id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            blocks.retain(|b| leaked.contains(&(b.addr, b.alloc_id)));
+        }
+        self.leaks.retain(|_, v| !v.is_empty());
+        self.exit = exit;
     }
 
     pub fn name(&self, i: u32) -> &str {
         &self.names[i as usize]
     }
 
-    pub fn stack(&self, i: u32) -> &str {
+    pub fn stack(&self, i: u32) -> &Stacks {
         &self.stacks[i as usize]
     }
 
-    /// The driver blocks live at each moment, per track. One replay for all moments.
+    /// What was live at each moment, per track: the tensors (pool blocks) of a track whose
+    /// process had framework pools there, which say what the program's code holds; the
+    /// driver blocks of the others. One replay for all moments.
     pub fn snapshots(&self, moments: &[Moment]) -> Vec<BTreeMap<TrackKey, Vec<LiveBlock>>> {
         let mut order: Vec<(usize, usize)> = moments
             .iter()
@@ -412,6 +470,12 @@ impl Model {
         order.sort();
         let mut out = vec![BTreeMap::new(); moments.len()];
         let mut live = LiveSet::default();
+        let pool_tracks: std::collections::HashSet<TrackKey> = self
+            .tracks
+            .iter()
+            .filter(|(_, t)| t.pool_peak > 0)
+            .map(|(k, _)| *k)
+            .collect();
         let mut next = 0;
         // Moments before every event (or in an empty run) see nothing.
         while next < order.len() && order[next].0 == usize::MAX - 1 {
@@ -427,10 +491,14 @@ impl Model {
                 Kind::Free => {
                     live.remove(e, true);
                 }
+                Kind::PoolMalloc => live.insert(e, false),
+                Kind::PoolFree => {
+                    live.remove(e, false);
+                }
                 _ => {}
             }
             while next < order.len() && order[next].0 == i {
-                out[order[next].1] = live.by_track();
+                out[order[next].1] = live.by_track(&pool_tracks);
                 next += 1;
             }
         }
@@ -482,8 +550,18 @@ pub fn dump_files(path: &Path) -> Result<Vec<PathBuf>> {
 /// Reads every dump of a run (directory or file) into a model.
 pub fn load(path: &Path, timeline_ms: u64) -> Result<Model> {
     let mut b = Builder::new();
+    let mut exit: BTreeMap<u32, ExitMemory> = BTreeMap::new();
     for f in dump_files(path)? {
         b.read_file(&f)?;
+        // One file per device: each process's parts add up.
+        for (pid, m) in crate::offline::analyze::find_leaks(&f)?.memory {
+            let e = exit.entry(pid).or_default();
+            e.driver_leaks.extend(m.driver_leaks);
+            e.tensor_leaks.extend(m.tensor_leaks);
+            e.pools.extend(m.pools);
+        }
     }
-    Ok(b.finish(timeline_ms))
+    let mut model = b.finish(timeline_ms);
+    model.set_exit(exit);
+    Ok(model)
 }

@@ -183,7 +183,7 @@ pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
                 "args": {"device": key.device_label(), "size": b.size,
                     "addr": format!("{:#018x}", b.addr), "allocation_id": b.alloc_id,
                     "owner": model.name(b.owner), "step": b.step,
-                    "stack": model.stack(b.stack)}}))?;
+                    "stack": model.stack(b.stack).text(), "site": model.stack(b.stack).site()}}))?;
         }
     }
     let tail = json!({

@@ -1,144 +1,59 @@
 //! Where the memory is: allocation sites and stacks of live blocks (`analyze --by-site`,
 //! `--by-stack`), folded stacks for `flamegraph.pl` and speedscope's JSON.
 //!
-//! The site of a block is the `file:line` of the innermost frame of its C stack that is not
-//! in a vendor or framework library: the driver and runtime entry points (`hal*`, `acl*`,
-//! `rt*`, `mstx*`, `drv*`), frames in the same source file as such an entry point (their static
-//! helpers), and frames from the CANN, torch, torch_npu and ATB trees or the C/C++ runtime.
-//! A block without a stack is counted under `[no call stack: trace with --call-stack=c]`.
+//! The site of a block is its user's site (`analysis::sites`): the Python line of the
+//! program's own code when the row has a Python stack, else the innermost C frame outside
+//! vendor and framework code and allocator wrappers. A block without a stack is counted under
+//! `[no call stack: trace with --call-stack=c]`.
 
 use std::collections::HashMap;
 
-use super::model::{LiveBlock, Model};
+use super::model::{LiveBlock, Model, Stacks};
+use crate::analysis::sites::{parse_frame, parse_py_frame};
 
-pub const NO_STACK: &str = "[no call stack: trace with --call-stack=c]";
-pub const NO_SITE: &str = "[only vendor frames]";
+pub use crate::analysis::sites::{NO_SITE, NO_STACK};
 
-/// One parsed frame line of a `Call Stack(C)` (docs/call-stacks.md).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Frame<'a> {
-    pub function: &'a str,
-    /// `file:line`, when the frame was symbolized with a line.
-    pub location: Option<&'a str>,
-    pub file: Option<&'a str>,
-}
-
-pub fn parse_frame(line: &str) -> Option<Frame<'_>> {
-    let line = line.trim();
-    if line.is_empty() || line == "[truncated]" {
-        return None;
-    }
-    // "0x<16 hex> rest"
-    let rest = match line.split_once(' ') {
-        Some((a, r)) if a.starts_with("0x") => r,
-        _ => line,
+/// The frames of a block's stacks, outermost first, without addresses:
+/// `main;outer;middle (stack_workload.c:70)`. The Python frames (`step (train.py:42)`) when
+/// there are any and the C column does not hold them already (`mixed`), else the C frames.
+pub fn folded_frames(stacks: &Stacks) -> Vec<String> {
+    let mixed = stacks.c.contains("[python] ");
+    let py: Vec<String> = if mixed {
+        Vec::new()
+    } else {
+        stacks
+            .python
+            .lines()
+            .filter_map(parse_py_frame)
+            .map(|f| format!("{} ({}:{})", f.function, short_location(f.file), f.line))
+            .collect()
     };
-    let rest = rest.strip_prefix("[inlined] ").unwrap_or(rest);
-    match rest.rsplit_once(" at ") {
-        Some((f, loc)) => {
-            let file = loc.rsplit_once(':').map(|(f, _)| f);
-            Some(Frame {
-                function: f,
-                location: Some(loc),
-                file,
-            })
-        }
-        None => Some(Frame {
-            function: rest,
-            location: None,
-            file: None,
-        }),
-    }
-}
-
-const VENDOR_PREFIXES: [&str; 6] = ["hal", "acl", "rt", "mstx", "drv", "Mki::"];
-const VENDOR_PATHS: [&str; 10] = [
-    "/Ascend/",
-    "/ascend-toolkit/",
-    "/site-packages/torch/",
-    "/site-packages/torch_npu/",
-    "torch_npu/csrc/",
-    "c10/",
-    "/atb/",
-    "/include/c++/",
-    "glibc",
-    "/libc",
-];
-const VENDOR_MODULES: [&str; 9] = [
-    "libascend",
-    "libacl",
-    "libruntime",
-    "libms_tools_ext",
-    "libtorch",
-    "libc10",
-    "libatb",
-    "libc.so",
-    "libstdc++",
-];
-
-fn vendor_function(f: &str) -> bool {
-    let name = f.split(['(', ' ', '<']).next().unwrap_or(f);
-    VENDOR_PREFIXES.iter().any(|p| {
-        name.starts_with(p)
-            && name[p.len()..]
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_uppercase() || c == '_' || p.ends_with("::"))
-    }) || name.starts_with("at::")
-        || name.starts_with("c10::")
-        || name.starts_with("atb::")
-        || name.starts_with("std::")
-        || name.starts_with("__")
-}
-
-/// The site of a stack: the `file:line` (or the function, when no line is known) of the
-/// innermost frame outside vendor and framework code.
-pub fn site_of(stack: &str) -> String {
-    if stack.trim().is_empty() {
-        return NO_STACK.to_owned();
-    }
-    let frames: Vec<Frame> = stack.lines().filter_map(parse_frame).collect();
-    let vendor_files: Vec<&str> = frames
-        .iter()
-        .filter(|f| vendor_function(f.function))
-        .filter_map(|f| f.file)
-        .collect();
-    let is_vendor = |f: &Frame| {
-        vendor_function(f.function)
-            || f.file.is_some_and(|file| {
-                vendor_files.contains(&file) || VENDOR_PATHS.iter().any(|p| file.contains(p))
-            })
-            || (f.location.is_none() && VENDOR_MODULES.iter().any(|m| f.function.starts_with(m)))
-    };
-    for f in &frames {
-        if is_vendor(f) {
-            continue;
-        }
-        return match f.location {
-            Some(loc) => loc.to_owned(),
-            None => f.function.to_owned(),
-        };
-    }
-    NO_SITE.to_owned()
-}
-
-/// The frames of a stack, outermost first, without the vendor frames below the site and
-/// without addresses: `main;outer;middle (stack_workload.c:70)`.
-pub fn folded_frames(stack: &str) -> Vec<String> {
-    if stack.trim().is_empty() {
+    let mut v: Vec<String> = if !py.is_empty() {
+        py
+    } else if stacks.c.trim().is_empty() {
         return vec![NO_STACK.to_owned()];
+    } else {
+        stacks
+            .c
+            .lines()
+            .filter_map(parse_frame)
+            .map(|f| match f.location {
+                Some(loc) => format!("{} ({})", f.function, short_location(loc)),
+                None => f.function.to_owned(),
+            })
+            .collect()
+    };
+    for f in &mut v {
+        *f = fold_safe(f);
     }
-    let mut v: Vec<String> = stack
-        .lines()
-        .filter_map(parse_frame)
-        .map(|f| match f.location {
-            Some(loc) => format!("{} ({})", f.function, short_location(loc)),
-            None => f.function.to_owned(),
-        })
-        .map(|s| s.replace(';', ":"))
-        .collect();
     v.reverse();
     v
+}
+
+/// A frame or owner name as one field of a folded line: `;` separates frames and a line
+/// break ends the line, so neither may stand in a name.
+pub fn fold_safe(s: &str) -> String {
+    s.replace(';', ":").replace(['\n', '\r'], " ")
 }
 
 fn short_location(loc: &str) -> &str {
@@ -166,10 +81,10 @@ pub fn by_site(model: &Model, blocks: &[LiveBlock], by_stack: bool) -> Vec<SiteR
                     if s.is_empty() {
                         NO_STACK.to_owned()
                     } else {
-                        s.to_owned()
+                        s.text()
                     }
                 } else {
-                    site_of(s)
+                    s.site()
                 }
             })
             .clone();
@@ -189,7 +104,7 @@ pub fn by_site(model: &Model, blocks: &[LiveBlock], by_stack: bool) -> Vec<SiteR
 pub fn folded(model: &Model, blocks: &[LiveBlock]) -> String {
     let mut acc: HashMap<String, u64> = HashMap::new();
     for b in blocks {
-        let mut frames = vec![model.name(b.owner).replace(';', ":")];
+        let mut frames = vec![fold_safe(model.name(b.owner))];
         frames.extend(folded_frames(model.stack(b.stack)));
         *acc.entry(frames.join(";")).or_default() += b.size;
     }
@@ -258,30 +173,17 @@ mod tests {
         0x000055d0c0a0137d main at /src/stack_workload.c:99\n\
         0x00007f1e2c827249 __libc_start_call_main";
 
-    #[test]
-    fn site_is_the_innermost_frame_outside_vendor_code() {
-        // hal_pick is in hal.c, where halMemAlloc lives: a vendor helper, skipped.
-        assert_eq!(site_of(STACK), "/src/stack_workload.c:65");
-        assert_eq!(site_of(""), NO_STACK);
-        assert_eq!(
-            site_of("0x0000000000001000 halMemAlloc at /x/hal.c:3"),
-            NO_SITE
-        );
-        assert_eq!(
-            site_of("0x0000000000001000 libascend_hal.so+0x1f0\n0x0000000000002000 app_fn"),
-            "app_fn"
-        );
-        // `rtos_init` is not a runtime entry point (`rt` + lower case).
-        assert_eq!(
-            site_of("0x0000000000001000 rtos_init at /app/r.c:4"),
-            "/app/r.c:4"
-        );
+    fn c_only(c: &str) -> Stacks {
+        Stacks {
+            c: c.to_owned(),
+            python: String::new(),
+        }
     }
 
     #[test]
     fn folded_frames_are_outermost_first() {
         assert_eq!(
-            folded_frames(STACK),
+            folded_frames(&c_only(STACK)),
             [
                 "__libc_start_call_main",
                 "main (stack_workload.c:99)",
@@ -291,5 +193,26 @@ mod tests {
                 "halMemAlloc (hal.c:210)",
             ]
         );
+    }
+
+    #[test]
+    fn folded_frames_of_a_python_process_are_its_python_frames() {
+        let s = Stacks {
+            c: STACK.to_owned(),
+            python: "/v/site-packages/torch/nn/functional.py(9): linear\n\
+                     /home/u/train.py(42): step\n\
+                     /home/u/train.py(90): <module>\n"
+                .to_owned(),
+        };
+        assert_eq!(
+            folded_frames(&s),
+            [
+                "<module> (train.py:90)",
+                "step (train.py:42)",
+                "linear (functional.py:9)"
+            ]
+        );
+        // A name cannot add a line (or a frame) to the folded file.
+        assert_eq!(fold_safe("a;b\n1 999"), "a:b 1 999");
     }
 }

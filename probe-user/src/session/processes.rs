@@ -125,10 +125,10 @@ impl Session {
                 log::error(&format!("{e:#}"));
             }
         }
-        let blocks = t.state.live_blocks();
+        let memory = t.state.exit_memory();
         let mut files = Vec::new();
-        if self.cfg.leaks && !blocks.is_empty() {
-            match leaks::write_leak_files(&mut t.out, pid, &blocks) {
+        if self.cfg.leaks && !(memory.tensor_leaks.is_empty() && memory.driver_leaks.is_empty()) {
+            match leaks::write_leak_files(&mut t.out, pid, &memory, cause) {
                 Ok(f) => files = f,
                 Err(e) => {
                     log::error(&format!("cannot write the leak report of pid {pid}: {e:#}"));
@@ -187,7 +187,7 @@ impl Session {
             self.leaks.push(ProcessLeaks {
                 pid,
                 cause,
-                blocks,
+                memory,
                 files,
                 pool_report,
             });

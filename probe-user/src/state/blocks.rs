@@ -122,6 +122,7 @@ impl ProcessState {
             module_id,
             page_type,
             stack: self.current_stack.clone(),
+            py_stack: self.current_py_stack.clone(),
             kernel_index: self.kernel_index,
             labels: None,
         }

@@ -14,6 +14,7 @@
 mod blocks;
 mod calls;
 mod devices;
+mod exit;
 mod ops;
 mod owners;
 mod pools;
@@ -23,6 +24,7 @@ mod steps;
 mod tests;
 
 pub use devices::DeviceKey;
+pub use exit::{ExitMemory, PoolHeld, PoolSegments, TensorLeak};
 pub use rows::{Row, quote_text};
 pub use steps::StepFilter;
 
@@ -74,6 +76,9 @@ pub struct Block {
     pub page_type: PageType,
     /// The C stack of the allocation (`--call-stack=c`), for the OOM report.
     pub stack: Option<std::sync::Arc<str>>,
+    /// Its Python stack (`--call-stack=python`, on by default for Python programs): the
+    /// leak report names the program's line from it.
+    pub py_stack: Option<std::sync::Arc<str>>,
     /// Kernel launches the process had made before this allocation.
     pub kernel_index: u64,
     /// Decompose labels of levels 1-7 (`labels.rs`); pool blocks only, with `decompose`.
@@ -93,6 +98,17 @@ impl Block {
         };
         labels::compose(framework, self.labels.as_deref())
     }
+}
+
+/// What a framework pool said it held on a device, in its last report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolTotals {
+    pub pool: Option<PoolKind>,
+    pub device: u32,
+    /// Handed out to tensors (`used`; torch's `memory_allocated()`).
+    pub allocated: u64,
+    /// Reserved from the driver (`total`; torch's `memory_reserved()`).
+    pub reserved: u64,
 }
 
 /// Counts kept per process for the summary.
@@ -174,6 +190,14 @@ pub struct ProcessState {
     pools: Pools,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
+    /// The pool blocks the step analysis found outliving a later step, with their stacks,
+    /// by allocation id; and the last step end each outlived.
+    step_leak_blocks: std::collections::BTreeMap<u64, (Block, u32)>,
+    /// Driver blocks (start, end) a framework pool put regions in: the pool's segments,
+    /// which it keeps on purpose, so no leak. Sorted by start.
+    pool_segments: exit::PoolSegments,
+    /// The last `used`/`total` each pool reported, per device.
+    pool_totals: Vec<PoolTotals>,
     gaps: Gaps,
     /// Findings of the step analyses, for the caller to log.
     pub messages: Vec<String>,

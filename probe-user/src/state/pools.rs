@@ -22,6 +22,8 @@ impl ProcessState {
         if opts.step_analyses {
             self.gaps.on_update(c.pool, c.device, c.allocated);
         }
+        self.note_pool_totals(c);
+        self.note_pool_segment(c.pool, c.addr);
         self.stats.pool_mallocs += 1;
         let mut block = self.new_block(
             c.addr,
@@ -86,6 +88,9 @@ impl ProcessState {
     ) {
         if opts.step_analyses && self.wants_device(opts, c.device) {
             self.gaps.on_update(c.pool, c.device, c.allocated);
+        }
+        if self.wants_device(opts, c.device) {
+            self.note_pool_totals(c);
         }
         let Some(block) = self.pool_blocks.remove(&(c.pool, c.addr)) else {
             // Registered on a filtered device, or before tracing started.

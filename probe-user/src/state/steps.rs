@@ -1,7 +1,7 @@
 //! mstx steps: the `--steps` filter and what happens when a step ends.
 
 use super::{BlockKind, ProcessState};
-use crate::analysis::steps::LiveBlock;
+use crate::analysis::steps::{LiveBlock, outlives_its_step};
 
 /// `--steps`: the mstx steps whose events are kept (empty: all events).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +55,17 @@ impl ProcessState {
             })
             .collect();
         let step = self.step;
+        // Keep the leaking blocks themselves (their stacks name the program's line).
+        for b in self.pool_blocks.values() {
+            if let BlockKind::Pool(pool) = b.kind
+                && outlives_its_step(pool, b.step, step)
+            {
+                self.step_leak_blocks
+                    .entry(b.allocation_id)
+                    .or_insert_with(|| (b.clone(), step))
+                    .1 = step;
+            }
+        }
         self.messages
             .extend(self.step_leaks.on_step_end(step, &live));
         self.messages.extend(self.gaps.on_step_end(step));

@@ -1,7 +1,7 @@
 //! Reading a run's dumps into compact events: each row classified (driver block, pool
 //! region, step mark), interned and sorted by time.
 
-use super::{Event, Kind, Model};
+use super::{Event, Kind, Model, Stacks};
 use crate::offline::analyze::{address, is_hal};
 use crate::offline::reader;
 use crate::offline::reader::{DumpRow, Loc};
@@ -15,8 +15,8 @@ pub struct Builder {
     events: Vec<Event>,
     names: Vec<String>,
     name_ids: HashMap<String, u32>,
-    stacks: Vec<String>,
-    stack_ids: HashMap<String, u32>,
+    stacks: Vec<Stacks>,
+    stack_ids: HashMap<Stacks, u32>,
     /// Rows read, per file.
     pub files: Vec<(PathBuf, u64)>,
     /// Marks copied into every device file of a process are seen once per file: keep the first.
@@ -33,7 +33,7 @@ pub(super) fn is_pool(row: &DumpRow) -> bool {
 impl Builder {
     pub fn new() -> Self {
         let mut b = Builder::default();
-        b.intern_stack("");
+        b.intern_stack("", "");
         b
     }
 
@@ -47,13 +47,18 @@ impl Builder {
         i
     }
 
-    pub fn intern_stack(&mut self, s: &str) -> u32 {
-        if let Some(&i) = self.stack_ids.get(s) {
+    /// Interns a row's C and Python stacks as one pair.
+    pub fn intern_stack(&mut self, c: &str, python: &str) -> u32 {
+        let key = Stacks {
+            c: c.to_owned(),
+            python: python.to_owned(),
+        };
+        if let Some(&i) = self.stack_ids.get(&key) {
             return i;
         }
         let i = self.stacks.len() as u32;
-        self.stacks.push(s.to_owned());
-        self.stack_ids.insert(s.to_owned(), i);
+        self.stacks.push(key.clone());
+        self.stack_ids.insert(key, i);
         i
     }
 
@@ -130,7 +135,7 @@ impl Builder {
                         _ => row.event_type.clone(),
                     };
                     ev.name = self.intern(&owner);
-                    ev.stack = self.intern_stack(&row.c_stack);
+                    ev.stack = self.intern_stack(&row.c_stack, &row.python_stack);
                 }
             }
             ("MSTX", "Range_start") => {

@@ -74,16 +74,24 @@ impl LiveSet {
         }
     }
 
-    pub(super) fn by_track(&self) -> BTreeMap<TrackKey, Vec<LiveBlock>> {
+    /// The live blocks per track: the pool blocks of the tracks in `pool_tracks`, the driver
+    /// blocks of the others.
+    pub(super) fn by_track(
+        &self,
+        pool_tracks: &std::collections::HashSet<TrackKey>,
+    ) -> BTreeMap<TrackKey, Vec<LiveBlock>> {
         let mut m: BTreeMap<TrackKey, Vec<LiveBlock>> = BTreeMap::new();
-        for ((pid, _), v) in &self.driver {
+        let driver = self.driver.iter().map(|((pid, _), v)| (pid, v, false));
+        let pool = self.pool.iter().map(|((pid, _, _), v)| (pid, v, true));
+        for (pid, v, from_pool) in driver.chain(pool) {
             for (b, d) in v {
-                m.entry(TrackKey {
+                let key = TrackKey {
                     pid: *pid,
                     device: *d,
-                })
-                .or_default()
-                .push(b.clone());
+                };
+                if pool_tracks.contains(&key) == from_pool {
+                    m.entry(key).or_default().push(b.clone());
+                }
             }
         }
         for v in m.values_mut() {

@@ -16,7 +16,8 @@ fn model_of(name: &str, text: &str) -> Model {
 #[test]
 fn replays_like_analyze_with_pools_apart() {
     // 4096 freed by id; 100 freed by a FREE whose id matches nothing (stays live); a PTA
-    // region is a pool line, not driver memory; pinned host memory is driver memory on cpu.
+    // region is a pool line, not driver memory (device 1: its track's snapshots are its
+    // tensors); pinned host memory is driver memory on cpu.
     let m = model_of(
         "ours",
         &format!(
@@ -26,7 +27,7 @@ fn replays_like_analyze_with_pools_apart() {
              2,MALLOC,HAL,N/A,15,7,8,0,0x0000000000009000,\"{{allocation_id:2,addr:0x0000000000009000,size:100,used:4196}}\",,\n\
              3,FREE,HAL,N/A,20,7,8,0,0x0000000000001000,\"{{allocation_id:1,addr:0x0000000000001000,size:4096,used:100}}\",,\n\
              4,FREE,HAL,N/A,40,7,8,0,0x0000000000009000,\"{{allocation_id:9,addr:0x0000000000009000,size:100,used:100}}\",,\n\
-             5,MALLOC,PTA,N/A,41,7,8,0,0x0000000000003000,\"{{allocation_id:4,addr:0x0000000000003000,size:50000,used:1,total:1}}\",,\n\
+             5,MALLOC,PTA,N/A,41,7,8,1,0x0000000000003000,\"{{allocation_id:4,addr:0x0000000000003000,size:50000,used:1,total:1}}\",,\n\
              6,MALLOC,HOST,N/A,42,7,8,cpu,0x0000000000004000,\"{{allocation_id:5,addr:0x0000000000004000,size:64,pinned:true,used:64}}\",,\n"
         ),
     );
@@ -35,7 +36,12 @@ fn replays_like_analyze_with_pools_apart() {
         device: DeviceKey::Npu(0),
     }];
     assert_eq!((d0.peak, d0.peak_ts), (4196, 15));
-    assert_eq!(d0.pool_peak, 50000);
+    assert_eq!(d0.pool_peak, 0);
+    let d1 = TrackKey {
+        pid: 7,
+        device: DeviceKey::Npu(1),
+    };
+    assert_eq!(m.tracks[&d1].pool_peak, 50000);
     assert_eq!((d0.mallocs, d0.frees, d0.unmatched_frees), (2, 1, 1));
     assert_eq!(d0.end_bytes, 100);
     let cpu = &m.tracks[&TrackKey {
@@ -56,6 +62,7 @@ fn replays_like_analyze_with_pools_apart() {
     let s = m.snapshots(&[
         Moment::AfterEvent(d0.peak_event.unwrap()),
         Moment::AtTime(12),
+        Moment::End,
     ]);
     let key = TrackKey {
         pid: 7,
@@ -65,6 +72,11 @@ fn replays_like_analyze_with_pools_apart() {
     assert_eq!(
         s[1][&key].iter().map(|b| b.size).collect::<Vec<_>>(),
         [4096]
+    );
+    // A track with a pool is drawn by its tensors.
+    assert_eq!(
+        s[2][&d1].iter().map(|b| b.size).collect::<Vec<_>>(),
+        [50000]
     );
 }
 
