@@ -588,3 +588,17 @@ impl FromStr for WatchConfig {
         })
     }
 }
+
+/// `--drop-frames`: substrings of the function or file names of frames passed over when the
+/// program's line of an allocation is named (`analysis::sites`). Set once, at start.
+static DROP_FRAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Sets `--drop-frames` (empty patterns ignored); only the first call counts.
+pub fn set_drop_frames(patterns: Vec<String>) {
+    let _ = DROP_FRAMES.set(patterns.into_iter().filter(|p| !p.is_empty()).collect());
+}
+
+/// The `--drop-frames` patterns (none unless set).
+pub fn drop_frames() -> &'static [String] {
+    DROP_FRAMES.get().map_or(&[], |v| v.as_slice())
+}

@@ -25,7 +25,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
         "state",
         &["events", "trace", "analysis", "settings", "digits", "log"],
     ),
-    ("analysis", &["events", "log"]),
+    ("analysis", &["events", "settings", "log"]),
     // `cli`: config.json records the options as given.
     (
         "output",

@@ -481,10 +481,16 @@ fn analyze_reports_hal_blocks_never_freed() {
         "{err}"
     );
     assert!(
-        err.contains("leak report: 2 HAL block(s), 1052672 bytes"),
+        err.contains(
+            "leak report: 0 tensor(s) leaked, 0 bytes; 2 driver block(s) no pool owns leaked, \
+             1.00 MiB (1052672 bytes)"
+        ),
         "{err}"
     );
-    assert!(err.contains("pid 77: 2 block(s)"), "{err}");
+    assert!(
+        err.contains("pid 77: 2 driver block(s) no pool owns, 1.00 MiB (1052672 bytes)"),
+        "{err}"
+    );
     assert!(err.contains("0x0000124000200000"), "{err}");
     let proc_dir = find_files(&out_dir, "leaks_")[0]
         .ancestors()
@@ -505,7 +511,8 @@ fn analyze_reports_hal_blocks_never_freed() {
         d0.lines().collect::<Vec<_>>(),
         [
             LEAKS_HEADER,
-            "77,78,0,HAL,0x0000124000200000,4096,1,2,UNKNOWN,11",
+            "77,78,0,HAL,0x0000124000200000,4096,1,2,UNKNOWN,11,live_at_exit,\
+             [no call stack: trace with --call-stack=c]",
         ]
     );
     let d1 = fs::read_to_string(only_file(&proc_dir.join("device_1"), "leaks_")).unwrap();
@@ -513,7 +520,8 @@ fn analyze_reports_hal_blocks_never_freed() {
         d1.lines().collect::<Vec<_>>(),
         [
             LEAKS_HEADER,
-            "77,79,1,HAL,0x0000134000000000,1048576,1,3,UNKNOWN,13",
+            "77,79,1,HAL,0x0000134000000000,1048576,1,3,UNKNOWN,13,live_at_exit,\
+             [no call stack: trace with --call-stack=c]",
         ]
     );
     fs::remove_dir_all(&dir).unwrap();
@@ -539,7 +547,8 @@ fn analyze_reads_msmemscope_old_layout_and_db() {
         [
             LEAKS_HEADER.to_string(),
             format!(
-                "2523740,2523740,cpu,HAL,0x{:016x},6356992,0,0,{},1746006014362653",
+                "2523740,2523740,cpu,HAL,0x{:016x},6356992,0,0,{},1746006014362653,live_at_exit,\
+                 [no call stack: trace with --call-stack=c]",
                 20617990504448u64,
                 module_label(7)
             ),
@@ -591,7 +600,10 @@ fn analyze_without_leaks_writes_nothing() {
     ]);
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("no HAL memory left live"), "{err}");
+    assert!(
+        err.contains("leak report: no leaked tensor and no leaked driver memory"),
+        "{err}"
+    );
     assert!(find_files(&dir.join("out"), "leaks_").is_empty());
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -297,7 +297,10 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
         "{stdout}"
     );
     assert!(
-        stderr.contains("leak report: 6 HAL block(s), 12582912 bytes"),
+        stderr.contains(
+            "leak report: 0 tensor(s) leaked, 0 bytes; 6 driver block(s) no pool owns leaked, \
+             12.00 MiB (12582912 bytes)"
+        ),
         "{stderr}"
     );
     // --report wrote the page at the end of the run.

@@ -175,7 +175,10 @@ fn launch_mode_records_every_call_of_the_process_tree() {
         );
     }
     // The summary names the leaks.
-    assert!(stderr.contains("leak report: 10 HAL block(s)"), "{stderr}");
+    assert!(
+        stderr.contains("10 driver block(s) no pool owns leaked"),
+        "{stderr}"
+    );
     assert!(stderr.contains("none lost"), "{stderr}");
 }
 
@@ -957,7 +960,7 @@ fn blocks_handed_between_cpus_keep_their_order() {
         assert_eq!(first_diff, None, "{name}: rows and log part");
         assert!(rows.windows(2).all(|w| w[0].ts <= w[1].ts), "{name}");
         assert!(
-            stderr.contains("no HAL memory left live"),
+            stderr.contains("leak report: no leaked tensor and no leaked driver memory"),
             "{name}: {stderr}"
         );
     }

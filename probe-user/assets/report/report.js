@@ -170,9 +170,11 @@
   root.appendChild(totals);
   // Leaks as the program means them: tensors that outlived their step (or the run), driver
   // memory no pool owns; what the pools keep cached is shown apart and called no leak.
-  card(totals, String(D.tensor_leak_blocks), 'tensors leaked (' + fmtBytes(D.tensor_leak_bytes) + ')', { 'data-check': 'tensor-leak-blocks', 'data-bytes': String(D.tensor_leak_bytes) });
-  card(totals, String(D.leak_blocks), 'driver blocks leaked, no pool owns them (' + fmtBytes(D.leak_bytes) + ')', { 'data-check': 'leak-blocks', 'data-bytes': String(D.leak_bytes) });
-  card(totals, fmtBytes(D.cached_bytes), 'cached by framework pools at the end (kept for reuse, not a leak)', { 'data-check': 'cached-bytes', 'data-bytes': String(D.cached_bytes) });
+  card(totals, String(D.tensor_leak_blocks), 'tensors leaked (' + fmtBytes(D.tensor_leak_bytes) + ')', { 'data-check': 'tensor-leak-blocks' });
+  card(totals, String(D.tensor_leak_bytes), 'bytes in leaked tensors', { 'data-check': 'tensor-leak-bytes' });
+  card(totals, String(D.leak_blocks), 'driver blocks leaked, no pool owns them (' + fmtBytes(D.leak_bytes) + ')', { 'data-check': 'leak-blocks' });
+  card(totals, String(D.leak_bytes), 'driver bytes leaked', { 'data-check': 'leak-bytes' });
+  card(totals, String(D.cached_bytes), 'bytes cached by framework pools at the end (' + fmtBytes(D.cached_bytes) + '; kept for reuse, not a leak)', { 'data-check': 'cached-bytes' });
   card(totals, String(D.tracks.length), 'process/device curves');
 
   D.tracks.forEach(function (tr, n) {

@@ -158,8 +158,9 @@ impl AgentObserver {
             let key = (device.to_string(), b.owner());
             add(live.entry(key.clone()).or_default(), b.size);
             *device_total.entry(device).or_default() += b.size;
-            // Step 0 is before the first step: pools and weights set up once are no leak.
-            if b.step > 0 && step >= b.step + leak_steps {
+            // Step 0 is before the first step: pools and weights set up once are no leak; nor
+            // is a pool's segment, which it keeps on purpose (its tensors are what can leak).
+            if b.step > 0 && step >= b.step + leak_steps && !state.is_pool_segment(b) {
                 add(suspects.entry(key).or_default(), b.size);
             }
             if let Some(stack) = &b.stack {

@@ -3,7 +3,7 @@
 //! gaps ([`steps`]), and the user's site of an allocation from its stacks ([`sites`]). They keep numbers; `output` writes their files (`output::decompose`,
 //! and `output::leaks` for the blocks still live when a process ends).
 //!
-//! Uses `events` (pool kinds) and `log`. Never `state` (which feeds them), `output`, `trace`,
+//! Uses `events` (pool kinds), `settings` (`--drop-frames`) and `log`. Never `state` (which feeds them), `output`, `trace`,
 //! `session`, `report` or `agent` (tests/layout.rs checks it).
 
 pub mod decompose;

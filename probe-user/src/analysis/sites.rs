@@ -15,22 +15,11 @@
 //! attributed to the line that called it. When nothing but wrappers is left, the innermost
 //! wrapper is the site.
 
-use std::sync::OnceLock;
-
 pub const NO_STACK: &str = "[no call stack: trace with --call-stack=c]";
 pub const NO_SITE: &str = "[only vendor frames]";
 
-/// Patterns added by `--drop-frames` (set once, at start).
-static EXTRA_DROP: OnceLock<Vec<String>> = OnceLock::new();
-
-/// Adds `--drop-frames` patterns: a frame whose function or file contains one of them is
-/// passed over like an allocator wrapper. Only the first call counts.
-pub fn set_drop_frames(patterns: Vec<String>) {
-    let _ = EXTRA_DROP.set(patterns.into_iter().filter(|p| !p.is_empty()).collect());
-}
-
 fn extra_drop() -> &'static [String] {
-    EXTRA_DROP.get().map_or(&[], |v| v.as_slice())
+    crate::settings::drop_frames()
 }
 
 /// One parsed frame line of a `Call Stack(C)` (docs/call-stacks.md) or, in the mixed view, a

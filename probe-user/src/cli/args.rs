@@ -116,6 +116,9 @@ pub struct Cli {
     pub steps: Option<List<u32>>,
 
     #[command(flatten)]
+    pub sites: SiteArgs,
+
+    #[command(flatten)]
     pub log: LogArgs,
 
     /// Print the version and exit
@@ -284,6 +287,26 @@ pub enum Sub {
     Agent(crate::agent::options::AgentOptions),
 }
 
+/// `--drop-frames`: tracing, `analyze` and `report` name sites the same way.
+#[derive(Args, Debug, Default)]
+pub struct SiteArgs {
+    /// Frames to pass over when naming the line that asked for
+    /// memory (every leak, site and flame graph names it), besides
+    /// the framework's own (torch, torch_npu, the Python standard
+    /// library), the vendor's (hal*, acl*, CANN, ...) and allocator
+    /// wrappers (functions named *alloc*): comma-separated
+    /// substrings of a function or file name, e.g.
+    /// --drop-frames=my_pool_,/vendored/ (docs/report.md)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        help_heading = "ANALYSIS",
+        verbatim_doc_comment
+    )]
+    pub drop_frames: Vec<String>,
+}
+
 /// `--log-level`, `-v`, `-q`: every mode has them.
 #[derive(Args, Debug, Default)]
 pub struct LogArgs {
@@ -352,6 +375,9 @@ pub struct AnalyzeArgs {
     pub timeline: Option<Option<u32>>,
 
     #[command(flatten)]
+    pub sites: SiteArgs,
+
+    #[command(flatten)]
     pub log: LogArgs,
 }
 
@@ -383,6 +409,9 @@ pub struct ReportArgs {
     /// Same as adding perfetto to --format
     #[arg(long)]
     pub perfetto: bool,
+
+    #[command(flatten)]
+    pub sites: SiteArgs,
 
     #[command(flatten)]
     pub log: LogArgs,

@@ -69,6 +69,12 @@ where
             values::warn(values::deprecated(old, new));
         }
     }
+    let drop_frames = match &cli.command {
+        Some(Sub::Analyze(a)) => a.sites.drop_frames.clone(),
+        Some(Sub::Report(r)) => r.sites.drop_frames.clone(),
+        _ => cli.sites.drop_frames.clone(),
+    };
+    crate::settings::set_drop_frames(drop_frames);
     let (mode, output, log) = match cli.command {
         Some(Sub::Analyze(a)) => {
             opts.sites = crate::report::SitesRequest {

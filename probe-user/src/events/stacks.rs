@@ -239,6 +239,10 @@ struct StackTexts {
     texts: HashMap<(u64, bool, bool, Vec<u64>), Arc<str>>,
 }
 
+/// Frames unwound for the mixed view before its depth is applied (the 8 KiB stack copy ends
+/// well before this many).
+const MIXED_UNWIND_LIMIT: usize = 1000;
+
 /// Distinct stacks kept before the cache is emptied.
 const STACK_TEXTS_LIMIT: usize = 100_000;
 
@@ -255,8 +259,14 @@ fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: us
         base: s.sp,
         data: &s.stack,
     };
+    // The mixed view unwinds as far as the copy goes: its Python frames (the program's lines)
+    // sit under deep C++ stacks, and the depth must not cut them off (see below).
     let opts = UnwindOptions {
-        max_depth: depth,
+        max_depth: if job.python.is_some() {
+            MIXED_UNWIND_LIMIT.max(depth)
+        } else {
+            depth
+        },
         ..Default::default()
     };
     let mut unwound = unwind(&regs, &snapshot, &job.view, symbolizer, &opts);
@@ -284,7 +294,19 @@ fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: us
             .collect()
     };
     if let Some(py) = &job.python {
-        return Arc::from(pystacks::mix(&symbolize(&unwound.pcs), py, truncated));
+        // `depth` C frames, and more when the interpreter loops running Python frames lie
+        // further out: the stack is cut after the last of them, never before.
+        let last_loop = unwound.pcs.iter().enumerate().rev().find_map(|(i, pc)| {
+            symbolizer
+                .symbolize_shared(&job.view, *pc, i > 0 || job.at_return)
+                .iter()
+                .any(|f| !f.inlined && f.function.as_deref() == Some(pystacks::EVAL_LOOP))
+                .then_some(i)
+        });
+        let keep = last_loop.map_or(depth, |i| depth.max(i + 1));
+        let cut = unwound.pcs.len() > keep;
+        let pcs = &unwound.pcs[..keep.min(unwound.pcs.len())];
+        return Arc::from(pystacks::mix(&symbolize(pcs), py, truncated || cut));
     }
     let key = (job.view_id, job.at_return, truncated, unwound.pcs);
     if let Some(text) = texts.texts.get(&key) {

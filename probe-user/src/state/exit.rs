@@ -149,6 +149,12 @@ impl ProcessState {
         });
     }
 
+    /// Whether a live driver block is a framework pool's segment (kept on purpose: never a
+    /// leak suspect).
+    pub fn is_pool_segment(&self, b: &Block) -> bool {
+        b.kind == BlockKind::Device && self.pool_segments.owner(b.addr).is_some()
+    }
+
     /// A driver block at `addr` was freed: it is no pool's segment any more.
     pub(super) fn forget_pool_segment(&mut self, addr: u64) {
         self.pool_segments.forget(addr);

@@ -356,7 +356,8 @@ pub fn gt_rows(gt: &GroundTruth, kinds: &[&str]) -> Vec<(u32, String, u64, u64)>
     v
 }
 
-/// Rows of the leak CSVs of a process: (tid, device, addr, size, step).
+/// Rows of the leak CSVs of a process: (tid, device, addr, size, step) (the Site column may be
+/// quoted; it is not read here).
 pub fn leak_rows(dir: &Path, pid: u32) -> Vec<(u32, String, u64, u64, u32)> {
     let proc_dir = process_dir(dir, pid).unwrap();
     let mut v = Vec::new();
@@ -366,7 +367,7 @@ pub fn leak_rows(dir: &Path, pid: u32) -> Vec<(u32, String, u64, u64, u32)> {
         assert_eq!(
             lines.next(),
             Some(
-                "Process Id,Thread Id,Device Id,Event Type,Ptr,Size,Step,Allocation Id,Module,Timestamp(ns)"
+                "Process Id,Thread Id,Device Id,Event Type,Ptr,Size,Step,Allocation Id,Module,Timestamp(ns),Leak,Site"
             )
         );
         for l in lines {
