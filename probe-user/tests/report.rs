@@ -15,6 +15,7 @@ use std::{
     process::Command,
 };
 
+use common::chromium::{chrome, require_chromium};
 use common::{TRACER, bin, find_files, require_root, run_tracer, scratch, serial};
 use memscope_bpf::{
     output::DeviceKey,
@@ -31,64 +32,10 @@ fn artifacts() -> PathBuf {
     d
 }
 
-/// The Chromium that `cargo xtask setup` installs (Debian package `chromium`).
-fn find_chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find_map(|name| {
-            let out = Command::new("which").arg(name).output().ok()?;
-            out.status
-                .success()
-                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        })
-}
-
-fn chromium() -> PathBuf {
-    find_chromium()
-        .expect("no chromium on PATH: `cargo xtask setup` installs it (Debian package chromium)")
-}
-
-/// True when Chromium is there. Setup installs it as root; without root and without it the
-/// test is SKIPPED loudly (as the BPF tests are), with root its absence is a failure.
-fn require_chromium(test: &str) -> bool {
-    if find_chromium().is_some() {
-        return true;
-    }
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        panic!("{test}: no chromium on PATH; `cargo xtask setup` installs it (Debian chromium)");
-    }
-    eprintln!(
-        "SKIPPED {test}: needs chromium (Debian package chromium; `cargo xtask setup` as root)"
-    );
-    println!("SKIPPED {test}: needs chromium");
-    false
-}
-
 /// What the page reported about itself, and the DOM after the scripts ran.
 struct Rendered {
     check: Value,
     dom: String,
-}
-
-fn chrome(html: &Path, extra: &[String], profile: &Path) -> std::process::Output {
-    Command::new("timeout")
-        .arg("300")
-        .arg(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            "--window-size=1400,2600",
-            "--virtual-time-budget=20000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(extra)
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .expect("run chromium")
 }
 
 /// Renders `html` twice: once for the DOM (and the self-check), once for a screenshot.
@@ -613,12 +560,15 @@ fn report_of_ten_million_events() {
     let owners = [b.intern("CANN@APP"), b.intern("CANN@HCCL")];
     let stacks: Vec<u32> = (0..8)
         .map(|i| {
-            b.intern_stack(&format!(
-                "0x0000000000401000 halMemAlloc at /x/hal.c:10\n\
+            b.intern_stack(
+                &format!(
+                    "0x0000000000401000 halMemAlloc at /x/hal.c:10\n\
                  0x0000000000402000 layer{i} at /app/model.c:{}\n\
                  0x0000000000403000 main at /app/main.c:5",
-                100 + i
-            ))
+                    100 + i
+                ),
+                "",
+            )
         })
         .collect();
     let mut rings: [std::collections::VecDeque<(u64, u64)>; 2] = Default::default();
