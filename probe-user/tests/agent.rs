@@ -561,6 +561,25 @@ fn go_pprof_reads_the_heap_profile_with_sites_in_order_of_in_use_bytes() {
         cum_of(&alloc, "do_alloc").1,
         all_allocated(&big_log) + all_allocated(&small_log)
     );
+    // Each sample is tagged with its site: the line that called the allocator wrapper
+    // `do_alloc` in `thread_main` (workload.c:250) holds every in-use byte.
+    let tags = Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-tags",
+            "-sample_index=inuse_space",
+            &focus,
+        ])
+        .arg(&node)
+        .output()
+        .expect("run go tool pprof -tags");
+    let tags = String::from_utf8_lossy(&tags.stdout);
+    assert!(
+        tags.lines()
+            .any(|l| l.contains("(  100%)") && l.trim_end().ends_with("/workload.c:250")),
+        "{tags}"
+    );
     // One process's profile holds that process only.
     let top_one = pprof_top(&one, &["-cum", "-sample_index=inuse_space"]);
     assert_eq!(

@@ -50,7 +50,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-            "session", "trace", "events", "state", "output", "cli", "settings", "log",
+            "session", "trace", "events", "state", "analysis", "output", "cli", "settings", "log",
         ],
     ),
     // The front end: builds the settings and hands subcommands to their modules. It stands

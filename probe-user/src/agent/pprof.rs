@@ -139,7 +139,9 @@ impl Builder {
         id
     }
 
-    fn sample(&mut self, frames: &[Frame], e: &HeapEntry) {
+    /// A sample, labelled `site` with the line of the program's own code that asked for the
+    /// memory (`go tool pprof -tagfocus site=train.py:42`, `-tags`).
+    fn sample(&mut self, frames: &[Frame], e: &HeapEntry, site: &str) {
         let locs: Vec<u64> = frames.iter().map(|f| self.location(f)).collect();
         let mut m = Vec::new();
         packed(&mut m, 1, locs.into_iter());
@@ -150,6 +152,10 @@ impl Builder {
             e.inuse_bytes,
         ];
         packed(&mut m, 2, values.iter().map(|v| v.round() as i64 as u64));
+        let mut label = Vec::new();
+        int_field(&mut label, 1, self.string("site") as u64);
+        int_field(&mut label, 2, self.string(site) as u64);
+        bytes_field(&mut m, 3, &label);
         self.samples.push(m);
     }
 
@@ -212,7 +218,7 @@ pub fn heap_profile<'a>(
         for (stack, e) in entries {
             let mut frames: Vec<Frame> = stack.lines().filter_map(parse_frame).collect();
             frames.push(root.clone());
-            b.sample(&frames, e);
+            b.sample(&frames, e, &crate::analysis::sites::user_site(stack, ""));
         }
     }
     let now = std::time::SystemTime::now()

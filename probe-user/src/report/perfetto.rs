@@ -12,7 +12,7 @@ use std::{collections::HashMap, io::Write};
 
 use serde_json::{Value, json};
 
-use super::model::{Kind, Model, TrackKey, device_label};
+use super::model::{Kind, Model, Stacks, TrackKey, device_label};
 
 fn us(model: &Model, ts: u64) -> f64 {
     (ts - model.t0) as f64 / 1000.0
@@ -184,6 +184,24 @@ pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
                     "addr": format!("{:#018x}", b.addr), "allocation_id": b.alloc_id,
                     "owner": model.name(b.owner), "step": b.step,
                     "stack": model.stack(b.stack).text(), "site": model.stack(b.stack).site()}}))?;
+        }
+    }
+    // Leaked tensors, named by the line that made them.
+    for (pid, exit) in &model.exit {
+        for t in &exit.tensor_leaks {
+            let b = &t.block;
+            let stacks = Stacks {
+                c: b.stack.as_deref().unwrap_or("").to_owned(),
+                python: b.py_stack.as_deref().unwrap_or("").to_owned(),
+            };
+            let site = stacks.site();
+            out.push(json!({"ph": "i", "s": "p", "cat": "leak",
+                "name": format!("leaked tensor: {} bytes from {site} (step {})", b.size, b.step),
+                "pid": pid, "tid": b.tid, "ts": us(model, b.ts_ns),
+                "args": {"device": b.device, "size": b.size, "pool": b.kind.event_type(),
+                    "addr": format!("{:#018x}", b.addr), "allocation_id": b.allocation_id,
+                    "step": b.step, "outlived_to_step": t.outlived_to_step,
+                    "live_at_end": t.live_at_end, "site": site, "stack": stacks.text()}}))?;
         }
     }
     let tail = json!({
