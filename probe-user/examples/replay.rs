@@ -229,15 +229,16 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let blocks = state.live_blocks();
+    let memory = state.exit_memory();
     if let Some(o) = out.as_mut() {
-        leaks::write_leak_files(o, pid, &blocks)?;
+        leaks::write_leak_files(o, pid, &memory, leaks::LeakCause::Exited)?;
         o.finish()?;
     }
     let report = leaks::format_report(
         &[leaks::ProcessLeaks {
             pid,
             cause: leaks::LeakCause::Exited,
-            blocks: blocks.clone(),
+            memory,
             files: Vec::new(),
             pool_report: String::new(),
         }],
