@@ -347,7 +347,7 @@ fn compare_mode() {
             .iter()
             .any(|w| w.contains("'--input' is deprecated"))
     );
-    assert!(config_json(&o).contains("\"enableCompare\": true"));
+    assert!(config_json(&o.recorded()).contains("\"enableCompare\": true"));
 }
 
 #[test]
@@ -1486,7 +1486,7 @@ fn config_json_defaults_exact() {
         "start": ""
     }
 }"#;
-    assert_eq!(config_json(&o), expected);
+    assert_eq!(config_json(&o.recorded()), expected);
 }
 
 #[test]
@@ -1504,7 +1504,7 @@ fn config_json_values() {
         "--watch=mm:1,add,full-content",
     ]);
     o.output_dir = PathBuf::from("/tmp/a \"q\"\\\t");
-    let j = config_json(&o);
+    let j = config_json(&o.recorded());
     for needle in [
         "\"stepCount\": 2",
         "            3,\n            7,\n            0,",
@@ -1554,4 +1554,64 @@ fn control_chars_in_values_are_escaped_in_messages() {
     let e = err(&["--format=a\nb", "true"]);
     assert!(e.message.contains("a\\nb"), "{e}");
     assert!(!e.message.contains('\n'));
+}
+
+/// `agent`'s options, parsed through the main command line (moved here from `agent/`, which
+/// never uses the front end).
+mod agent_options {
+    use super::*;
+    use crate::agent::options::AgentOptions;
+    use std::ffi::OsString;
+
+    /// Parses the arguments after `agent`, through the main command line.
+    fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
+        let argv = ["memscope-bpf", "agent"].map(OsString::from);
+        match parse_from(argv.into_iter().chain(args.iter().cloned()))?.mode {
+            Mode::Agent(opts) => Ok(opts),
+            mode => panic!("{mode:?}"),
+        }
+    }
+
+    fn p(args: &[&str]) -> Result<AgentOptions, CliError> {
+        parse(&args.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_and_both_value_spellings() {
+        let o = p(&[]).unwrap();
+        assert_eq!(o.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(o.sample_bytes, 524288);
+        let o = p(&[
+            "--listen=127.0.0.1:1234",
+            "--sample-bytes",
+            "0",
+            "--leak-steps=2",
+            "--python-depth",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(o.python_depth, 0);
+        assert_eq!(p(&[]).unwrap().python_depth, 32);
+        assert_eq!(o.listen.port(), 1234);
+        assert_eq!(o.sample_bytes, 0);
+        assert_eq!(o.leak_steps, 2);
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors_that_say_what_is_accepted() {
+        for (args, needle) in [
+            (&["--listen", "nowhere"][..], "IP:PORT"),
+            (&["--ring-buffer-mib=3"][..], "power of two"),
+            (&["--leak-steps=0"][..], "at least 1 step"),
+            (&["--python-depth=200"][..], "from 0 to 128"),
+            (&["--bogus"][..], "unknown agent option"),
+            (&["1234"][..], "takes no program or pid"),
+            (&["--lib"][..], "needs a value"),
+        ] {
+            let e = p(args).unwrap_err();
+            assert_eq!(e.exit_code, 2, "{args:?}");
+            assert!(e.message.contains(needle), "{args:?}: {}", e.message);
+        }
+        assert_eq!(p(&["--help"]).unwrap_err().exit_code, 0);
+    }
 }

@@ -28,9 +28,7 @@ use super::{
     reader::{self, DumpRow, Loc},
 };
 use crate::{
-    cli::Options,
     log,
-    output::config_json::config_json,
     output::{DeviceKey, ProcessOutput, local_timestamp},
     settings::Levels,
 };
@@ -390,7 +388,7 @@ pub fn compare_files(base: &Path, cmp: &Path, levels: &Levels) -> Result<Vec<Str
 }
 
 /// `--compare`: writes the comparison and returns its path.
-pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
+pub fn run(opts: &super::OfflineSettings, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
     let started = Instant::now();
     let lines = compare_files(&inputs[0], &inputs[1], &opts.levels)?;
     if lines.len() == COMPARE_HEADER.len() {
@@ -403,7 +401,11 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
             }
         ));
     }
-    let mut out = ProcessOutput::new(&opts.output_dir, std::process::id(), config_json(opts));
+    let mut out = ProcessOutput::new(
+        &opts.output_dir,
+        std::process::id(),
+        opts.config_json.clone(),
+    );
     let dir = out.subdir("compare")?;
     let (path, f) =
         dir.create_unique_file(&format!("memory_compare_{}", local_timestamp()), ".csv")?;
