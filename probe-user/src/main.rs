@@ -74,8 +74,7 @@ fn run(opts: Options) -> Result<u8> {
     match &opts.mode {
         Mode::Compare { inputs } => {
             return run_offline(&opts, |o| {
-                let path = offline::compare::run(&o.offline(), inputs)?;
-                log::info(&format!("comparison written to {}", path.display()));
+                offline::compare::run(&o.offline(), inputs)?;
                 Ok(())
             });
         }
