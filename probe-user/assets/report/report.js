@@ -29,6 +29,16 @@
     var b = el('b', check || {}, value);
     c.appendChild(b); c.appendChild(el('span', null, label));
     parent.appendChild(c);
+    return b;
+  }
+  // Every tile that shows bytes goes through here: KiB/MiB/GiB to read, the exact count on
+  // hover (title) and in data-bytes (what the tests read).
+  function bytesCard(parent, bytes, label, check) {
+    var b = card(parent, fmtBytes(bytes), label, check);
+    b.setAttribute('title', bytes + ' bytes');
+    b.setAttribute('data-bytes', String(bytes));
+    b.setAttribute('class', 'bytes');
+    return b;
   }
   function chart(parent, cls, option, id) {
     var div = el('div', { 'class': 'chart ' + (cls || ''), id: id });
@@ -169,7 +179,7 @@
   var totals = el('div', { 'class': 'cards' });
   root.appendChild(totals);
   card(totals, String(D.leak_blocks), 'blocks leaked (live at the end)', { 'data-check': 'leak-blocks' });
-  card(totals, String(D.leak_bytes), 'bytes leaked', { 'data-check': 'leak-bytes' });
+  bytesCard(totals, D.leak_bytes, 'leaked', { 'data-check': 'leak-bytes' });
   card(totals, String(D.tracks.length), 'process/device curves');
 
   D.tracks.forEach(function (tr, n) {
@@ -179,11 +189,11 @@
     sec.appendChild(el('h2', null, 'pid ' + tr.pid + ', device ' + tr.device));
     var cards = el('div', { 'class': 'cards' });
     sec.appendChild(cards);
-    card(cards, String(tr.peak), 'peak driver bytes (' + fmtBytes(tr.peak) + ') at ' + tr.peak_t.toFixed(3) + ' s', { 'data-check': 'peak', 'data-track': key });
-    card(cards, String(tr.end_bytes), 'driver bytes at the end');
+    bytesCard(cards, tr.peak, 'peak driver memory at ' + tr.peak_t.toFixed(3) + ' s', { 'data-check': 'peak', 'data-track': key });
+    bytesCard(cards, tr.end_bytes, 'driver memory at the end', { 'data-check': 'end-bytes', 'data-track': key });
     card(cards, String(tr.leaks.length), 'leaked blocks', { 'data-check': 'track-leaks', 'data-track': key });
     card(cards, tr.mallocs + ' / ' + tr.frees, 'driver allocations / frees');
-    if (tr.pool_peak) card(cards, fmtBytes(tr.pool_peak), 'pool peak');
+    if (tr.pool_peak) bytesCard(cards, tr.pool_peak, 'pool peak', { 'data-check': 'pool-peak', 'data-track': key });
     memoryChart(sec, tr, 'mem-' + n);
     timelineChart(sec, tr, 'timeline-' + n, key);
     var flames = el('div', { 'class': 'row' });
