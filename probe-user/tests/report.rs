@@ -358,12 +358,14 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     assert_eq!(at_end.len(), 1, "{stderr}");
 
     let art = artifacts();
-    let page = art.join("demo.html");
+    // -o names the directory (as in every mode); the files are named after the page.
+    let demo_dir = art.join("demo");
+    let page = demo_dir.join("memscope_report.html");
     let r = Command::new(TRACER)
         .args(["report", "-i"])
         .arg(&out_dir)
         .arg("-o")
-        .arg(&page)
+        .arg(&demo_dir)
         .args(["--format=html,perfetto,folded,speedscope"])
         .output()
         .unwrap();
@@ -411,7 +413,7 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
 
     // Perfetto: well-formed, counters peak at the run's peak per device, 6 leak instants.
     let trace: Value =
-        serde_json::from_slice(&std::fs::read(art.join("demo.perfetto.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(demo_dir.join("memscope_report.perfetto.json")).unwrap()).unwrap();
     assert_eq!(validate_trace(&trace), peaks);
     let leaks = trace["traceEvents"]
         .as_array()
@@ -430,7 +432,7 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     assert_eq!(steps, 5);
 
     // Folded stacks at exit: the 6 leaked blocks, 12 MiB, all from alloc_on_device.
-    let folded = std::fs::read_to_string(art.join("demo.exit.folded")).unwrap();
+    let folded = std::fs::read_to_string(demo_dir.join("memscope_report.exit.folded")).unwrap();
     let total: u64 = folded
         .lines()
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
@@ -441,7 +443,7 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
         "{folded}"
     );
     let speedscope: Value =
-        serde_json::from_slice(&std::fs::read(art.join("demo.speedscope.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(demo_dir.join("memscope_report.speedscope.json")).unwrap()).unwrap();
     let exit_bytes: u64 = speedscope["profiles"]
         .as_array()
         .unwrap()

@@ -99,7 +99,7 @@ where
             }
             let request = crate::report::ReportRequest {
                 inputs,
-                output: r.output_path,
+                output: r.output_path.map_or_else(values::default_report_page, Ok)?,
                 formats,
             };
             (Mode::Report { request }, None, r.log)

@@ -551,7 +551,51 @@ fn report_mode() {
         &["one run, or two", "got 3"],
     );
     usage_err(&["report", "-i", &t.path("missing")], &["cannot read"]);
-    usage_err(&["report", "-i", &a, "-o", &dir], &["is a directory"]);
+    // -o names a directory, as in every mode: the page goes in it.
+    let reports = t.path("reports");
+    for given in [&dir, &reports] {
+        match ok(&["report", "-i", &a, "-o", given]).mode {
+            Mode::Report { request } => {
+                assert_eq!(
+                    request.output,
+                    Path::new(given).join("memscope_report.html")
+                )
+            }
+            m => panic!("{m:?}"),
+        }
+    }
+    let o = ok(&["report", "-i", &a, "-o", &reports]);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    // Without -o: the current directory.
+    match ok(&["report", "-i", &a]).mode {
+        Mode::Report { request } => assert_eq!(
+            request.output,
+            std::env::current_dir()
+                .unwrap()
+                .join("memscope_report.html")
+        ),
+        m => panic!("{m:?}"),
+    }
+    // A page name, as before -o meant a directory: kept, with a notice.
+    let o = ok(&["report", "-i", &a, "--output-path", &out]);
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("deprecated") && w.contains("names the output directory")),
+        "{:?}",
+        o.warnings
+    );
+    usage_err(
+        &["report", "-i", &a, "-o", &a],
+        &[
+            "invalid --output-path value",
+            "exists and is not a directory",
+        ],
+    );
+    usage_err(
+        &["report", "-i", &a, "-o", &t.path("a,b")],
+        &["invalid --output-path value", "contains ','"],
+    );
     usage_err(
         &["report", "-i", &a, "--pid=1"],
         &["cannot be used with 'report'"],
