@@ -412,8 +412,10 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     assert_eq!(per_track, 6);
 
     // Perfetto: well-formed, counters peak at the run's peak per device, 6 leak instants.
-    let trace: Value =
-        serde_json::from_slice(&std::fs::read(demo_dir.join("memscope_report.perfetto.json")).unwrap()).unwrap();
+    let trace: Value = serde_json::from_slice(
+        &std::fs::read(demo_dir.join("memscope_report.perfetto.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(validate_trace(&trace), peaks);
     let leaks = trace["traceEvents"]
         .as_array()
@@ -442,8 +444,10 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
         folded.lines().all(|l| l.contains("alloc_on_device")),
         "{folded}"
     );
-    let speedscope: Value =
-        serde_json::from_slice(&std::fs::read(demo_dir.join("memscope_report.speedscope.json")).unwrap()).unwrap();
+    let speedscope: Value = serde_json::from_slice(
+        &std::fs::read(demo_dir.join("memscope_report.speedscope.json")).unwrap(),
+    )
+    .unwrap();
     let exit_bytes: u64 = speedscope["profiles"]
         .as_array()
         .unwrap()
