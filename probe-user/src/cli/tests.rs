@@ -596,6 +596,20 @@ fn report_mode() {
         &["report", "-i", &a, "-o", &t.path("a,b")],
         &["invalid --output-path value", "contains ','"],
     );
+    // The page itself is checked before anything is read: never written through a link.
+    let taken = t.path("taken");
+    std::fs::create_dir_all(Path::new(&taken).join("memscope_report.html")).unwrap();
+    usage_err(
+        &["report", "-i", &a, "-o", &taken],
+        &["memscope_report.html", "is a directory", "-o DIR"],
+    );
+    let linked = t.path("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&a, Path::new(&linked).join("memscope_report.html")).unwrap();
+    usage_err(
+        &["report", "-i", &a, "-o", &linked],
+        &["is a symbolic link", "-o DIR"],
+    );
     usage_err(
         &["report", "-i", &a, "--pid=1"],
         &["cannot be used with 'report'"],

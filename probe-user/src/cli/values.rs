@@ -195,14 +195,29 @@ pub fn report_output(opt: &str, raw: &OsStr) -> Parsed<PathBuf> {
         ));
         return Ok(page);
     }
-    Ok(paths::output_dir(raw, &cwd)
-        .map_err(|r| refused(opt, r))?
-        .join(REPORT_PAGE))
+    let dir = paths::output_dir(raw, &cwd).map_err(|r| refused(opt, r))?;
+    report_page_in(&dir, &format!("{opt} {}", shown_os(raw)))
 }
 
 /// `report` without `-o`: the page in the current directory.
 pub fn default_report_page() -> Parsed<PathBuf> {
-    Ok(current_dir()?.join(REPORT_PAGE))
+    report_page_in(&current_dir()?, "the current directory")
+}
+
+/// `DIR/memscope_report.html`, refused before anything is read when a directory or a
+/// symbolic link has that name (the page is never written through a link).
+fn report_page_in(dir: &std::path::Path, given: &str) -> Parsed<PathBuf> {
+    let page = dir.join(REPORT_PAGE);
+    let what = match std::fs::symlink_metadata(&page) {
+        Ok(md) if md.is_dir() => "a directory",
+        Ok(md) if md.is_symlink() => "a symbolic link",
+        _ => return Ok(page),
+    };
+    Err(CliError::usage(format!(
+        "report writes {REPORT_PAGE} in {given}, where {} is {what}; give another directory \
+         with -o DIR",
+        shown_os(page.as_os_str())
+    )))
 }
 
 /// `--compare --input-path A,B`: exactly two dump files.
