@@ -74,14 +74,13 @@ fn run(opts: Options) -> Result<u8> {
     match &opts.mode {
         Mode::Compare { inputs } => {
             return run_offline(&opts, |o| {
-                let path = offline::compare::run(o, inputs)?;
-                log::info(&format!("comparison written to {}", path.display()));
+                offline::compare::run(&o.offline(), inputs)?;
                 Ok(())
             });
         }
         Mode::Analyze { input } => {
             return run_offline(&opts, |o| {
-                offline::analyze::run(o, input)?;
+                offline::analyze::run(&o.offline(), input)?;
                 if o.sites != report::SitesRequest::default() {
                     report::analyze(input, &o.sites, &o.output_dir)?;
                 }
@@ -257,7 +256,7 @@ fn run(opts: Options) -> Result<u8> {
 
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),
-        config_json: memscope_bpf::output::config_json::config_json(&opts),
+        config_json: memscope_bpf::output::config_json::config_json(&opts.recorded()),
         format: opts.format,
         track: TrackOptions {
             dump: opts.dump_events,

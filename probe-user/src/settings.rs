@@ -27,6 +27,8 @@ pub const DEFAULT_PYTHON_LINE_DEPTH: u32 = 16;
 pub const DEFAULT_CALL_STACK: &str = "python:16";
 pub const MAX_CALL_STACK_DEPTH: u32 = 1000;
 pub const MAX_OOM_TOP_K: u32 = 1000;
+/// At most this many `--steps` values (config.json's `SelectedStepList.stepIdList[5]`).
+pub const MAX_STEPS: usize = 5;
 /// Longest `--watch` start/end name in bytes (msMemScope stores them in 255-byte C buffers).
 pub const MAX_WATCH_NAME_LEN: usize = 254;
 

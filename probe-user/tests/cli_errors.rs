@@ -120,3 +120,67 @@ fn help_teaches_and_version_prints() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("memscope-bpf "));
 }
+
+/// `-o` names a directory in every mode, `report` included: its page goes in it as
+/// `memscope_report.html` (made if missing); a path ending in `.html` still names the page
+/// (with a deprecation notice); a regular file in the way is a usage error before anything is
+/// read.
+#[test]
+fn report_output_is_a_directory_as_everywhere() {
+    let dir = scratch("report-o");
+    let dump = dir.join("memscope_dump_1.csv");
+    fs::write(
+        &dump,
+        format!(
+            "{}\n1,MALLOC,HAL,N/A,10,7,7,0,0x0000000000001000,\"{{allocation_id:1,addr:0x0000000000001000,size:4096,used:4096}}\",,\n",
+            memscope_bpf::output::csv::CSV_HEADER
+        ),
+    )
+    .unwrap();
+    let dump = dump.to_str().unwrap();
+    let out_dir = dir.join("reports");
+    let out = run_tracer(&[
+        "report",
+        "-i",
+        dump,
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--perfetto",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("deprecated"), "{stderr}");
+    for name in ["memscope_report.html", "memscope_report.perfetto.json"] {
+        assert!(out_dir.join(name).is_file(), "{name} missing: {stderr}");
+    }
+    // The form of before: a page name.
+    let page = dir.join("run.html");
+    let out = run_tracer(&[
+        "report",
+        "-i",
+        dump,
+        "--output-path",
+        page.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(page.is_file() && !page.join("memscope_report.html").exists());
+    assert!(
+        stderr.contains("deprecated") && stderr.contains("names the output directory"),
+        "{stderr}"
+    );
+    // A file where the directory should be.
+    let plain = dir.join("plain-file");
+    fs::write(&plain, "x").unwrap();
+    expect_usage_error(
+        &["report", "-i", dump, "-o", plain.to_str().unwrap()],
+        "exists and is not a directory",
+    );
+    assert_eq!(fs::read(&plain).unwrap(), b"x");
+    let help = run_tracer(&["report", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("Output directory") && help.contains("DIR/memscope_report.html"),
+        "{help}"
+    );
+}

@@ -14,8 +14,9 @@ use std::{
 
 /// What each top-level module of `probe-user/src` may use (`crate::<name>`), as its module
 /// doc says. The stages run `trace -> events -> state -> analysis -> output`; `session` wires
-/// them; `offline`, `report` and `agent` are further entries; `cli` is the front end;
-/// `settings`, `log` and `digits` are shared. Nothing flows back up.
+/// them; `offline`, `report` and `agent` are further entries; `cli` is the front end, which
+/// no stage uses (they take typed settings); `settings`, `log` and `digits` are shared.
+/// Nothing flows back up.
 const MAY_USE: &[(&str, &[&str])] = &[
     ("trace", &["settings", "log"]),
     ("events", &["trace", "log"]),
@@ -26,10 +27,10 @@ const MAY_USE: &[(&str, &[&str])] = &[
         &["events", "trace", "analysis", "settings", "digits", "log"],
     ),
     ("analysis", &["events", "settings", "log"]),
-    // `cli`: config.json records the options as given.
+    // config.json records the options `cli` hands over as `config_json::Recorded`.
     (
         "output",
-        &["state", "analysis", "cli", "settings", "digits", "log"],
+        &["state", "analysis", "settings", "digits", "log"],
     ),
     (
         "session",
@@ -40,7 +41,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     (
         "offline",
         &[
-            "analysis", "state", "events", "output", "cli", "settings", "digits", "log",
+            "analysis", "state", "events", "output", "settings", "digits", "log",
         ],
     ),
     (
@@ -50,12 +51,12 @@ const MAY_USE: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-            "session", "trace", "events", "state", "analysis", "output", "cli", "settings", "log",
+    ("analysis", &["events", "settings", "log"]),
+    // config.json records the options `cli` hands over as `config_json::Recorded`.
         ],
     ),
-    // The front end: builds the settings and hands subcommands to their modules. It stands
-    // outside the stage order, as do the shared `settings`, `log` and `digits` (see
-    // `the_stage_order_has_no_cycle`).
+    // The front end: builds the settings and hands subcommands to their modules; nothing
+    // uses it back (`the_stage_order_has_no_cycle` follows it like any stage).
     (
         "cli",
         &["agent", "offline", "output", "report", "settings", "log"],
@@ -159,36 +160,47 @@ fn use_paths_are_parsed_from_plain_and_grouped_imports() {
     assert_eq!(got, ["analysis", "cli", "log", "output", "trace"]);
 }
 
-/// The table itself is one-way: following "may use" from any stage never comes back to it
-/// (the front end `cli` aside, which configures the stages and whose options some of them
-/// record; `log`, `settings` and `digits` use no stage).
+/// The table itself is one-way: following "may use" from any module, the front end `cli`
+/// included, never comes back to it (`log`, `settings` and `digits` use no stage).
 #[test]
 fn the_stage_order_has_no_cycle() {
-    let shared = ["cli"];
     let table: BTreeMap<&str, &[&str]> = MAY_USE.iter().copied().collect();
     fn reaches(
         table: &BTreeMap<&str, &[&str]>,
-        shared: &[&str],
         from: &str,
         to: &str,
         seen: &mut BTreeSet<String>,
     ) -> bool {
-        for &next in table[from].iter().filter(|m| !shared.contains(m)) {
+        for &next in table[from] {
             if next == to {
                 return true;
             }
-            if seen.insert(next.to_string()) && reaches(table, shared, next, to, seen) {
+            if seen.insert(next.to_string()) && reaches(table, next, to, seen) {
                 return true;
             }
         }
         false
     }
-    for &(module, _) in MAY_USE.iter().filter(|(m, _)| !shared.contains(m)) {
+    for &(module, _) in MAY_USE {
         assert!(
-            !reaches(&table, &shared, module, module, &mut BTreeSet::new()),
+            !reaches(&table, module, module, &mut BTreeSet::new()),
             "{module} reaches itself through MAY_USE: the stages must stay one-way"
         );
     }
+}
+
+/// The front end configures the stages; no stage reads the command line back.
+#[test]
+fn nothing_uses_the_front_end() {
+    let users: Vec<&str> = MAY_USE
+        .iter()
+        .filter(|(_, uses)| uses.contains(&"cli"))
+        .map(|(m, _)| *m)
+        .collect();
+    assert!(
+        users.is_empty(),
+        "{users:?} may use cli: hand them typed settings instead"
+    );
 }
 
 #[test]

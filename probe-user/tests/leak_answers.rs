@@ -260,12 +260,12 @@ fn real_torch_leaks_name_the_tensor_its_line_and_step_with_no_options() {
         }
 
         // 4. The HTML report, as a person sees it.
-        let page = dir.join("report.html");
+        let page = dir.join("memscope_report.html");
         let r = Command::new(TRACER)
             .args(["report", "-i"])
             .arg(&out_dir)
             .arg("-o")
-            .arg(&page)
+            .arg(&*dir)
             .output()
             .unwrap();
         assert!(r.status.success(), "{release}: {r:?}");

@@ -336,8 +336,43 @@ fn run_compare(dir: &Path, base: &Path, cmp: &Path, extra: &[&str]) -> (PathBuf,
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let f = only_file(&out_dir, "memory_compare_");
     let text = fs::read_to_string(&f).unwrap();
-    let lines = text.lines().map(str::to_string).collect();
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    check_compare_summary(&String::from_utf8_lossy(&out.stdout), &lines);
     (f, lines)
+}
+
+/// The terminal summary of `--compare`, checked against the file it summarises: the counts
+/// from its N/A columns, then the (at most 10) lines with the largest |diff|, largest first
+/// and in file order among equals, each with its line number and exact diff.
+fn check_compare_summary(stdout: &str, lines: &[String]) {
+    let entries: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split(',').collect()).collect();
+    let na = |col: usize| entries.iter().filter(|e| e[col] == "N/A").count();
+    let (only_base, only_compare) = (na(4), na(3));
+    let both = entries.len() - only_base - only_compare;
+    let first = format!(
+        "{} entries: {both} in both runs, {only_base} only in base, {only_compare} only in compare",
+        entries.len()
+    );
+    let out: Vec<&str> = stdout.lines().collect();
+    assert_eq!(out.first().copied(), Some(first.as_str()), "{stdout}");
+    let mut expected: Vec<(usize, i64)> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (i + 3, e[5].parse::<i64>().unwrap()))
+        .filter(|(_, d)| *d != 0)
+        .collect();
+    expected.sort_by_key(|(line, d)| (std::cmp::Reverse(d.unsigned_abs()), *line));
+    expected.truncate(10);
+    let got: Vec<(usize, i64)> = out
+        .iter()
+        .filter_map(|l| l.strip_prefix("  line "))
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "bytes").unwrap();
+            (words[0].parse().unwrap(), words[at - 1].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(got, expected, "{stdout}");
 }
 
 #[test]
@@ -347,6 +382,7 @@ fn compare_writes_every_line_exactly() {
     let cmp = write(&dir, "cmp.csv", &compare_csv());
     let out_dir = dir.join("out");
     let (file, lines) = run_compare(&dir, &base, &cmp, &[]);
+    // (The summary on the terminal is checked against these lines in run_compare.)
     assert_eq!(
         lines,
         [

@@ -377,6 +377,93 @@ fn check_decompose(run: &Run, what: &str) {
     }
 }
 
+/// `report --perfetto` of a real run: each op API call (an `ACLNN_START`/`ACLNN_END` pair of
+/// the dump) is one `operator` slice on its thread, at its time, the script's own aclnnAdd calls
+/// among them; and the slices of every thread nest, as the trace-event format requires of
+/// duration events and Perfetto's JSON importer enforces (google/perfetto#928: a child ending
+/// after its parent is drawn wrong). Perfetto's own trace_processor cannot check the file here:
+/// the `perfetto` package downloads its binary from outside the registries.
+fn check_perfetto(run: &Run, dir: &Path, what: &str) {
+    let out = run_tracer(&[
+        "report",
+        "-i",
+        run.dir.to_str().unwrap(),
+        "-o",
+        dir.to_str().unwrap(),
+        "--format=perfetto",
+    ]);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read(dir.join("memscope_report.perfetto.json")).unwrap();
+    let trace: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let t0: u64 = trace["otherData"]["t0_ns"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ns = |us: &serde_json::Value| (us.as_f64().unwrap() * 1000.0).round() as u64;
+    let events = trace["traceEvents"].as_array().unwrap();
+    // (name, tid, start, end) in ns since the epoch.
+    let mut slices: Vec<(String, u32, u64, u64)> = Vec::new();
+    let mut by_thread: BTreeMap<(u64, u64), Vec<(u64, u64)>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        let (start, dur) = (t0 + ns(&e["ts"]), ns(&e["dur"]));
+        let thread = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+        by_thread
+            .entry(thread)
+            .or_default()
+            .push((start, start + dur));
+        if e["cat"] == "operator" {
+            let name = e["name"].as_str().unwrap().to_owned();
+            slices.push((name, e["tid"].as_u64().unwrap() as u32, start, start + dur));
+        }
+    }
+    let rows = &run.rows;
+    let mut expected: Vec<(String, u32, u64, u64)> = (0..rows.len())
+        .filter(|&i| rows[i].event_type == "ACLNN_START")
+        .map(|i| {
+            let r = &rows[i];
+            let end = rows[i + 1..]
+                .iter()
+                .find(|e| e.event_type == "ACLNN_END" && e.name == r.name && e.tid == r.tid)
+                .unwrap_or_else(|| panic!("{what}: no ACLNN_END for {r:?}"));
+            (r.name.clone(), r.tid, r.ts, end.ts)
+        })
+        .collect();
+    assert!(!expected.is_empty(), "{what}: the dump has no op API rows");
+    expected.sort();
+    slices.sort();
+    assert_eq!(
+        slices, expected,
+        "{what}: operator slices vs the dump's op rows"
+    );
+    let adds = slices.iter().filter(|s| s.0 == "aclnnAdd").count();
+    assert_eq!(
+        adds,
+        log_lines(&run.log, "OP").len(),
+        "{what}: the script's ops"
+    );
+    for (thread, mut spans) in by_thread {
+        spans.sort_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
+        let mut open: Vec<u64> = Vec::new();
+        for (start, end) in spans {
+            while open.last().is_some_and(|&e| e <= start) {
+                open.pop();
+            }
+            if let Some(&outer) = open.last() {
+                assert!(
+                    end <= outer,
+                    "{what}: thread {thread:?}: slice {start}..{end} overlaps one ending at {outer}"
+                );
+            }
+            open.push(end);
+        }
+    }
+}
+
 /// `--compare` of two real runs: one row per op API call, in the runs' order, each with the
 /// size of the first framework row after the call in each run (the documented rule).
 fn check_compare(base: &Run, new: &Run, dir: &Path) {
@@ -453,6 +540,7 @@ fn real_torch_npu_launch_mode() {
         let what = format!("launch, {}", bed_release(&venv));
         check(&run, &what);
         check_decompose(&run, &what);
+        check_perfetto(&run, &dirs.last().unwrap().join("report"), &what);
         // The whole run is seen from the first instruction: aclInit too.
         assert_eq!(
             run.rows

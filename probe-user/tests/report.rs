@@ -123,24 +123,77 @@ fn assert_drawn(r: &Rendered, what: &str) -> Vec<String> {
         .collect()
 }
 
-/// `<b data-check="NAME" data-track="TRACK">VALUE</b>` values in the DOM, by track ("" for
-/// the page totals).
-fn figures(dom: &str, name: &str) -> BTreeMap<String, u64> {
+/// A figure the page shows: `<b data-check="NAME" data-track="TRACK" ...>TEXT</b>`.
+struct Figure {
+    /// The exact value: `data-bytes` for a byte tile, else the text.
+    value: u64,
+    text: String,
+    /// The hover text (`title`), if any.
+    title: Option<String>,
+}
+
+/// The `data-check="NAME"` figures in the DOM, by track ("" for the page totals).
+fn tiles(dom: &str, name: &str) -> BTreeMap<String, Figure> {
     let mut out = BTreeMap::new();
     let needle = format!("data-check=\"{name}\"");
+    // The whole tag: attributes may come before data-check too.
     for (pos, _) in dom.match_indices(&needle) {
+        let tag_start = dom[..pos].rfind('<').unwrap();
         let tag_end = pos + dom[pos..].find('>').unwrap();
-        let tag = &dom[pos..tag_end];
-        let track = tag
-            .split("data-track=\"")
-            .nth(1)
-            .map(|t| t[..t.find('"').unwrap()].to_owned())
-            .unwrap_or_default();
+        let tag = &dom[tag_start..tag_end];
+        let attr = |a: &str| {
+            tag.split(&format!(" {a}=\""))
+                .nth(1)
+                .map(|t| t[..t.find('"').unwrap()].to_owned())
+        };
         let value_end = tag_end + dom[tag_end..].find('<').unwrap();
-        let v = dom[tag_end + 1..value_end].trim();
-        out.insert(track, v.parse().unwrap_or_else(|_| panic!("{name}: '{v}'")));
+        let text = dom[tag_end + 1..value_end].trim().to_owned();
+        let exact = attr("data-bytes").unwrap_or_else(|| text.clone());
+        let value = exact
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: '{exact}'"));
+        let figure = Figure {
+            value,
+            text,
+            title: attr("title"),
+        };
+        out.insert(attr("data-track").unwrap_or_default(), figure);
     }
     out
+}
+
+/// The exact values of the `data-check="NAME"` figures, by track.
+fn figures(dom: &str, name: &str) -> BTreeMap<String, u64> {
+    tiles(dom, name)
+        .into_iter()
+        .map(|(k, f)| (k, f.value))
+        .collect()
+}
+
+/// Byte tiles show KiB/MiB/GiB (as the page's axes do) with the exact count on hover.
+fn assert_byte_tile(f: &Figure, what: &str) {
+    let shown = human_bytes(f.value);
+    assert_eq!(f.text, shown, "{what}: the tile's text");
+    assert_eq!(
+        f.title.as_deref(),
+        Some(format!("{} bytes", f.value).as_str()),
+        "{what}: the tile's hover text"
+    );
+}
+
+/// Binary units with two decimals, computed here independently of the page's script.
+fn human_bytes(b: u64) -> String {
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let units = ["KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64 / 1024.0;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.2} {}", units[i])
 }
 
 /// The tracer's own running sum: the largest `used` of the HAL rows, per device.
@@ -255,12 +308,14 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     assert_eq!(at_end.len(), 1, "{stderr}");
 
     let art = artifacts();
-    let page = art.join("demo.html");
+    // -o names the directory (as in every mode); the files are named after the page.
+    let demo_dir = art.join("demo");
+    let page = demo_dir.join("memscope_report.html");
     let r = Command::new(TRACER)
         .args(["report", "-i"])
         .arg(&out_dir)
         .arg("-o")
-        .arg(&page)
+        .arg(&demo_dir)
         .args(["--format=html,perfetto,folded,speedscope"])
         .output()
         .unwrap();
@@ -289,12 +344,28 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     );
     assert_eq!(figures(&rendered.dom, "leak-blocks")[""], 6);
     assert_eq!(figures(&rendered.dom, "leak-bytes")[""], 12582912);
+    // Every byte tile in human units with the exact bytes on hover: 12 MiB leaked, the peaks.
+    let leaked = &tiles(&rendered.dom, "leak-bytes")[""];
+    assert_eq!(leaked.text, "12.00 MiB");
+    assert_byte_tile(leaked, "leak-bytes");
+    for name in ["peak", "end-bytes"] {
+        let shown = tiles(&rendered.dom, name);
+        assert_eq!(shown.len(), 2, "{name}: one per device");
+        for (track, f) in &shown {
+            assert_byte_tile(f, &format!("{name} of {track}"));
+        }
+    }
+    // Driver bytes at the end, over the devices: what the workload says it leaked.
+    let end: u64 = figures(&rendered.dom, "end-bytes").values().sum();
+    assert_eq!(end, 12582912);
     let per_track: u64 = figures(&rendered.dom, "track-leaks").values().sum();
     assert_eq!(per_track, 6);
 
     // Perfetto: well-formed, counters peak at the run's peak per device, 6 leak instants.
-    let trace: Value =
-        serde_json::from_slice(&std::fs::read(art.join("demo.perfetto.json")).unwrap()).unwrap();
+    let trace: Value = serde_json::from_slice(
+        &std::fs::read(demo_dir.join("memscope_report.perfetto.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(validate_trace(&trace), peaks);
     let leaks = trace["traceEvents"]
         .as_array()
@@ -313,7 +384,7 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
     assert_eq!(steps, 5);
 
     // Folded stacks at exit: the 6 leaked blocks, 12 MiB, all from alloc_on_device.
-    let folded = std::fs::read_to_string(art.join("demo.exit.folded")).unwrap();
+    let folded = std::fs::read_to_string(demo_dir.join("memscope_report.exit.folded")).unwrap();
     let total: u64 = folded
         .lines()
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
@@ -323,8 +394,10 @@ fn report_of_the_demo_run_in_chromium_and_perfetto() {
         folded.lines().all(|l| l.contains("alloc_on_device")),
         "{folded}"
     );
-    let speedscope: Value =
-        serde_json::from_slice(&std::fs::read(art.join("demo.speedscope.json")).unwrap()).unwrap();
+    let speedscope: Value = serde_json::from_slice(
+        &std::fs::read(demo_dir.join("memscope_report.speedscope.json")).unwrap(),
+    )
+    .unwrap();
     let exit_bytes: u64 = speedscope["profiles"]
         .as_array()
         .unwrap()

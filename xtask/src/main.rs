@@ -61,9 +61,14 @@ Commands:
   fuzz [SECONDS]
         The short fuzz run of the ELF/DWARF/CFI parsers that `test` ends with
         (default 30 s; installs cargo-fuzz on first use).
-  demo
-        setup, build the tracer (release) and trace tests/fixtures/build/bin/demo_train,
-        writing to target/demo; then list the files this run wrote. Needs root.
+  demo [--screenshot PNG]
+        setup (only what the demo needs: no torch test bed, no test tools), build the
+        tracer (release) and trace tests/fixtures/build/bin/demo_train with C stacks
+        and --report, writing to target/demo; then list the files this run wrote.
+        Needs root.
+        --screenshot PNG   also render the run's report.html with headless Chromium
+                           (Debian's chromium, installed by setup) into PNG, 1100x1000
+                           like the README's picture: e.g. docs/img/report.png
   bench [--quick] [--rounds N] [--loss-seconds S] [--events N] [--only SECTIONS]
         The benchmark suite (root; never part of `test`): uprobe cost per instruction,
         target overhead side by side (untraced, empty BPF programs, memscope-bpf,
@@ -123,10 +128,8 @@ fn run(args: &[String]) -> Result<u8> {
         }
         "bench" => bench::run(&repo, bench::parse(rest)?),
         "demo" => {
-            if let Some(arg) = rest.first() {
-                bail!("`demo` takes no arguments (got `{arg}`)\n\n{USAGE}");
-            }
-            demo::run(&repo)
+            let opts = demo::parse(rest).map_err(|e| anyhow::anyhow!("{e}\n\n{USAGE}"))?;
+            demo::run(&repo, &opts)
         }
         other => bail!("unknown command `{other}`\n\n{USAGE}"),
     }

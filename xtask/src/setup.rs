@@ -23,6 +23,50 @@ pub struct Options {
     pub bpf_linker_root: Option<PathBuf>,
     /// Also prepare `cargo xtask test-aarch64` (cross compilers, qemu, arm64 packages).
     pub aarch64: bool,
+    /// What the command that runs setup needs.
+    pub purpose: Purpose,
+}
+
+/// What a command needs prepared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Purpose {
+    /// `setup`, `test`, `bench`: everything the tests use.
+    #[default]
+    Tests,
+    /// `demo`: the tracer's build and the C fixtures (the demo workload); Chromium only to
+    /// take a screenshot. Not the test tools, nor the torch test bed (~8 GB).
+    Demo { screenshot: bool },
+}
+
+/// The steps of setup, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Nightly,
+    RustSrc,
+    BpfLinker,
+    HostTools,
+    Chromium,
+    AgentTools,
+    Fixtures,
+    TorchBed,
+    PySpy,
+    Btf,
+}
+
+/// The steps `purpose` needs.
+fn plan(purpose: Purpose) -> Vec<Step> {
+    use Step::*;
+    let all = [
+        Nightly, RustSrc, BpfLinker, HostTools, Chromium, AgentTools, Fixtures, TorchBed, PySpy,
+        Btf,
+    ];
+    let wanted = |s: &Step| match (purpose, s) {
+        (Purpose::Tests, _) => true,
+        (Purpose::Demo { screenshot }, Chromium) => screenshot,
+        (Purpose::Demo { .. }, AgentTools | TorchBed | PySpy) => false,
+        (Purpose::Demo { .. }, _) => true,
+    };
+    all.into_iter().filter(wanted).collect()
 }
 
 /// What later commands need to know after setup.
@@ -45,27 +89,36 @@ impl Ready {
 
 pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
     let start = Instant::now();
-    step("nightly toolchain", nightly)?;
-    step("rust-src", rust_src)?;
     let mut linker_dir = None;
-    step("bpf-linker", || {
-        let (detail, dir) = bpf_linker(opts)?;
-        linker_dir = Some(dir);
-        Ok(detail)
-    })?;
-    step("host tools", host_tools)?;
-    step("chromium", chromium)?;
-    step("agent test tools", agent_tools)?;
-    step("C fixtures", || fixtures(repo))?;
-    if crate::torch_bed::enabled() {
-        step("torch test bed", || crate::torch_bed::prepare(repo))?;
-    } else {
+    for s in plan(opts.purpose) {
+        match s {
+            Step::Nightly => step("nightly toolchain", nightly)?,
+            Step::RustSrc => step("rust-src", rust_src)?,
+            Step::BpfLinker => step("bpf-linker", || {
+                let (detail, dir) = bpf_linker(opts)?;
+                linker_dir = Some(dir);
+                Ok(detail)
+            })?,
+            Step::HostTools => step("host tools", host_tools)?,
+            Step::Chromium => step("chromium", chromium)?,
+            Step::AgentTools => step("agent test tools", agent_tools)?,
+            Step::Fixtures => step("C fixtures", || fixtures(repo))?,
+            Step::TorchBed if crate::torch_bed::enabled() => {
+                step("torch test bed", || crate::torch_bed::prepare(repo))?
+            }
+            Step::TorchBed => println!(
+                "{TAG} torch test bed: skipped (MEMSCOPE_TORCH_BED=off); its tests will say SKIPPED"
+            ),
+            Step::PySpy => step("py-spy", py_spy)?,
+            Step::Btf => step("kernel BTF", btf)?,
+        }
+    }
+    if let Purpose::Demo { .. } = opts.purpose {
         println!(
-            "{TAG} torch test bed: skipped (MEMSCOPE_TORCH_BED=off); its tests will say SKIPPED"
+            "{TAG} for the demo: the test tools and the torch test bed are left out \
+             (`cargo xtask setup` prepares them)"
         );
     }
-    step("py-spy", py_spy)?;
-    step("kernel BTF", btf)?;
     let is_root = crate::effective_uid() == Some(0);
     if is_root {
         println!("{TAG} root: ok");
@@ -503,5 +556,30 @@ fn btf() -> Result<String> {
             "{BTF} does not exist: this kernel has no BTF type information \
              (it needs CONFIG_DEBUG_INFO_BTF=y), which loading the BPF programs requires"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_asks_only_for_what_it_uses() {
+        let demo = plan(Purpose::Demo { screenshot: false });
+        for unused in [
+            Step::TorchBed,
+            Step::AgentTools,
+            Step::PySpy,
+            Step::Chromium,
+        ] {
+            assert!(!demo.contains(&unused), "{unused:?} in {demo:?}");
+        }
+        for needed in [Step::BpfLinker, Step::HostTools, Step::Fixtures, Step::Btf] {
+            assert!(demo.contains(&needed), "{needed:?} not in {demo:?}");
+        }
+        let shot = plan(Purpose::Demo { screenshot: true });
+        assert!(shot.contains(&Step::Chromium) && !shot.contains(&Step::TorchBed));
+        // The tests get every step.
+        assert_eq!(plan(Purpose::Tests).len(), 10);
     }
 }

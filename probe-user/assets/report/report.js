@@ -29,6 +29,16 @@
     var b = el('b', check || {}, value);
     c.appendChild(b); c.appendChild(el('span', null, label));
     parent.appendChild(c);
+    return b;
+  }
+  // Every tile that shows bytes goes through here: KiB/MiB/GiB to read, the exact count on
+  // hover (title) and in data-bytes (what the tests read).
+  function bytesCard(parent, bytes, label, check) {
+    var b = card(parent, fmtBytes(bytes), label, check);
+    b.setAttribute('title', bytes + ' bytes');
+    b.setAttribute('data-bytes', String(bytes));
+    b.setAttribute('class', 'bytes');
+    return b;
   }
   function chart(parent, cls, option, id) {
     var div = el('div', { 'class': 'chart ' + (cls || ''), id: id });
@@ -170,11 +180,11 @@
   root.appendChild(totals);
   // Leaks as the program means them: tensors that outlived their step (or the run), driver
   // memory no pool owns; what the pools keep cached is shown apart and called no leak.
-  card(totals, String(D.tensor_leak_blocks), 'tensors leaked (' + fmtBytes(D.tensor_leak_bytes) + ')', { 'data-check': 'tensor-leak-blocks' });
-  card(totals, String(D.tensor_leak_bytes), 'bytes in leaked tensors', { 'data-check': 'tensor-leak-bytes' });
-  card(totals, String(D.leak_blocks), 'driver blocks leaked, no pool owns them (' + fmtBytes(D.leak_bytes) + ')', { 'data-check': 'leak-blocks' });
-  card(totals, String(D.leak_bytes), 'driver bytes leaked', { 'data-check': 'leak-bytes' });
-  card(totals, String(D.cached_bytes), 'bytes cached by framework pools at the end (' + fmtBytes(D.cached_bytes) + '; kept for reuse, not a leak)', { 'data-check': 'cached-bytes' });
+  card(totals, String(D.tensor_leak_blocks), 'tensors leaked', { 'data-check': 'tensor-leak-blocks' });
+  bytesCard(totals, D.tensor_leak_bytes, 'in leaked tensors', { 'data-check': 'tensor-leak-bytes' });
+  card(totals, String(D.leak_blocks), 'driver blocks leaked (no pool owns them)', { 'data-check': 'leak-blocks' });
+  bytesCard(totals, D.leak_bytes, 'driver memory leaked', { 'data-check': 'leak-bytes' });
+  bytesCard(totals, D.cached_bytes, 'cached by framework pools at the end (kept for reuse, not a leak)', { 'data-check': 'cached-bytes' });
   card(totals, String(D.tracks.length), 'process/device curves');
 
   D.tracks.forEach(function (tr, n) {
@@ -184,12 +194,12 @@
     sec.appendChild(el('h2', null, 'pid ' + tr.pid + ', device ' + tr.device));
     var cards = el('div', { 'class': 'cards' });
     sec.appendChild(cards);
-    card(cards, String(tr.peak), 'peak driver bytes (' + fmtBytes(tr.peak) + ') at ' + tr.peak_t.toFixed(3) + ' s', { 'data-check': 'peak', 'data-track': key });
-    card(cards, String(tr.end_bytes), 'driver bytes at the end');
+    bytesCard(cards, tr.peak, 'peak driver memory at ' + tr.peak_t.toFixed(3) + ' s', { 'data-check': 'peak', 'data-track': key });
+    bytesCard(cards, tr.end_bytes, 'driver memory at the end', { 'data-check': 'end-bytes', 'data-track': key });
     card(cards, String(tr.leak_count), 'leaked driver blocks (no pool owns them)', { 'data-check': 'track-leaks', 'data-track': key });
     if (tr.tensor_leaks.length) card(cards, String(tr.tensor_leaks.length), 'leaked tensors', { 'data-check': 'track-tensor-leaks', 'data-track': key });
     card(cards, tr.mallocs + ' / ' + tr.frees, 'driver allocations / frees');
-    if (tr.pool_peak) card(cards, fmtBytes(tr.pool_peak), 'pool peak');
+    if (tr.pool_peak) bytesCard(cards, tr.pool_peak, 'pool peak', { 'data-check': 'pool-peak', 'data-track': key });
     memoryChart(sec, tr, 'mem-' + n);
     timelineChart(sec, tr, 'timeline-' + n, key);
     var flames = el('div', { 'class': 'row' });

@@ -19,8 +19,9 @@
 //!
 //! The agent never stops or signals a traced process (`stop_on_discovery` stays off).
 //!
-//! A second front end beside `main`: uses `session`, `trace`, `events`, `state`, `analysis` (sites),
-//! `output`, `cli`, `settings` and `log`; nothing uses it but `main` and `cli` (its subcommand).
+//! A second front end beside `main`: uses `session`, `trace`, `events`, `state`, `analysis`
+//! (sites), `output`, `settings` and `log` (its options are parsed by `cli`, which it never
+//! uses back); nothing uses it but `main` and `cli` (its subcommand).
 
 pub mod http;
 pub mod metrics;

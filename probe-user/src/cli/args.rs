@@ -20,9 +20,10 @@ USAGE:
     memscope-bpf --pid <PID> [OPTIONS]                attach to a running process
     memscope-bpf --compare --input-path <A>,<B>       compare two dump files
     memscope-bpf analyze --input-path <DUMP> [-o DIR] leak analysis of a saved dump
-    memscope-bpf report --input-path <RUN> [-o FILE]  HTML report (and Perfetto trace) of a run
+    memscope-bpf report --input-path <RUN> [-o DIR]   HTML report (and Perfetto trace) of a run
     memscope-bpf agent [OPTIONS]                      node agent for Prometheus and pprof
 
+    -o/--output-path names a directory in every mode (created if missing).
     Everything from the first argument that is not an option belongs to PROGRAM:
     `memscope-bpf --level=op bash run.sh --level=kernel` passes --level=kernel to run.sh.
     (Unlike msMemScope, options written after the program name are never consumed.)
@@ -63,8 +64,9 @@ EXAMPLES:
     # Where the memory was at the peak, by source line, and the 100 ms maxima
     memscope-bpf analyze -i memscope_dump_1.csv --by-site --at=peak --timeline
 
-    # The report of a run, and a Perfetto trace beside it
-    memscope-bpf report -i ./memscopeDumpResults -o run.html --perfetto";
+    # The report of a run, and a Perfetto trace beside it (./reports/memscope_report.html,
+    # ./reports/memscope_report.perfetto.json)
+    memscope-bpf report -i ./memscopeDumpResults -o ./reports --perfetto";
 
 /// The whole command line. `analyze` and `report` are subcommands only as the first argument
 /// (`args_conflicts_with_subcommands`): after an option, a word is the program to launch.
@@ -391,17 +393,20 @@ pub struct ReportArgs {
         value_parser = Check(v::report_inputs), verbatim_doc_comment)]
     pub input_path: Option<List<PathBuf>>,
 
-    /// The HTML file [default: ./memscope_report.html]; other
-    /// formats are written beside it, named after it
-    #[arg(short, long, alias = "output", value_name = "FILE", value_parser = Check(v::output_file),
-        default_value = "memscope_report.html", verbatim_doc_comment)]
-    pub output_path: PathBuf,
+    /// Output directory [default: the current directory], as in
+    /// every mode: the page is DIR/memscope_report.html, the other
+    /// formats beside it, named after it. (A path ending in .html
+    /// names the page itself, as before; deprecated)
+    #[arg(short, long, alias = "output", value_name = "DIR", value_parser = Check(v::report_output),
+        verbatim_doc_comment)]
+    pub output_path: Option<PathBuf>,
 
     /// html | perfetto | folded | speedscope [default: html]
-    /// perfetto: <stem>.perfetto.json (ui.perfetto.dev,
-    ///   chrome://tracing); folded: <stem>.exit.folded and
-    ///   <stem>.peak.folded (flamegraph.pl); speedscope:
-    ///   <stem>.speedscope.json, live bytes at the end and peak
+    /// perfetto: memscope_report.perfetto.json (ui.perfetto.dev,
+    ///   chrome://tracing); folded: memscope_report.exit.folded
+    ///   and .peak.folded (flamegraph.pl); speedscope:
+    ///   memscope_report.speedscope.json, live bytes at the end
+    ///   and at the peak
     #[arg(long, value_name = "LIST", value_parser = Check(v::parsed::<Formats>), default_value = "html",
         verbatim_doc_comment)]
     pub format: Formats,

@@ -105,7 +105,7 @@ where
             }
             let request = crate::report::ReportRequest {
                 inputs,
-                output: r.output_path,
+                output: r.output_path.map_or_else(values::default_report_page, Ok)?,
                 formats,
             };
             (Mode::Report { request }, None, r.log)
@@ -147,6 +147,36 @@ where
         .union(opts.analysis.implied_events());
     opts.warnings = values::take_warnings();
     Ok(opts)
+}
+
+impl Options {
+    /// What config.json records of these options.
+    pub fn recorded(&self) -> crate::output::config_json::Recorded {
+        crate::output::config_json::Recorded {
+            call_stack: self.call_stack,
+            compare: matches!(self.mode, Mode::Compare { .. }),
+            levels: self.levels,
+            events: self.events,
+            dump_events: self.dump_events,
+            analysis: self.analysis,
+            collect_mode: self.collect_mode,
+            output_dir: self.output_dir.clone(),
+            format: self.format,
+            devices: self.devices,
+            log_level: self.log_level,
+            steps: self.steps.clone(),
+            watch: self.watch.clone(),
+        }
+    }
+
+    /// What `--compare` and `analyze` need: where to write and what config.json records.
+    pub fn offline(&self) -> crate::offline::OfflineSettings {
+        crate::offline::OfflineSettings {
+            output_dir: self.output_dir.clone(),
+            levels: self.levels,
+            config_json: crate::output::config_json::config_json(&self.recorded()),
+        }
+    }
 }
 
 /// Whether `word` is option `name`, alone or with `=value`.

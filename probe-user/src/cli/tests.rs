@@ -348,7 +348,7 @@ fn compare_mode() {
             .iter()
             .any(|w| w.contains("'--input' is deprecated"))
     );
-    assert!(config_json(&o).contains("\"enableCompare\": true"));
+    assert!(config_json(&o.recorded()).contains("\"enableCompare\": true"));
 }
 
 #[test]
@@ -552,7 +552,65 @@ fn report_mode() {
         &["one run, or two", "got 3"],
     );
     usage_err(&["report", "-i", &t.path("missing")], &["cannot read"]);
-    usage_err(&["report", "-i", &a, "-o", &dir], &["is a directory"]);
+    // -o names a directory, as in every mode: the page goes in it.
+    let reports = t.path("reports");
+    for given in [&dir, &reports] {
+        match ok(&["report", "-i", &a, "-o", given]).mode {
+            Mode::Report { request } => {
+                assert_eq!(
+                    request.output,
+                    Path::new(given).join("memscope_report.html")
+                )
+            }
+            m => panic!("{m:?}"),
+        }
+    }
+    let o = ok(&["report", "-i", &a, "-o", &reports]);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    // Without -o: the current directory.
+    match ok(&["report", "-i", &a]).mode {
+        Mode::Report { request } => assert_eq!(
+            request.output,
+            std::env::current_dir()
+                .unwrap()
+                .join("memscope_report.html")
+        ),
+        m => panic!("{m:?}"),
+    }
+    // A page name, as before -o meant a directory: kept, with a notice.
+    let o = ok(&["report", "-i", &a, "--output-path", &out]);
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("deprecated") && w.contains("names the output directory")),
+        "{:?}",
+        o.warnings
+    );
+    usage_err(
+        &["report", "-i", &a, "-o", &a],
+        &[
+            "invalid --output-path value",
+            "exists and is not a directory",
+        ],
+    );
+    usage_err(
+        &["report", "-i", &a, "-o", &t.path("a,b")],
+        &["invalid --output-path value", "contains ','"],
+    );
+    // The page itself is checked before anything is read: never written through a link.
+    let taken = t.path("taken");
+    std::fs::create_dir_all(Path::new(&taken).join("memscope_report.html")).unwrap();
+    usage_err(
+        &["report", "-i", &a, "-o", &taken],
+        &["memscope_report.html", "is a directory", "-o DIR"],
+    );
+    let linked = t.path("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&a, Path::new(&linked).join("memscope_report.html")).unwrap();
+    usage_err(
+        &["report", "-i", &a, "-o", &linked],
+        &["is a symbolic link", "-o DIR"],
+    );
     usage_err(
         &["report", "-i", &a, "--pid=1"],
         &["cannot be used with 'report'"],
@@ -1487,7 +1545,7 @@ fn config_json_defaults_exact() {
         "start": ""
     }
 }"#;
-    assert_eq!(config_json(&o), expected);
+    assert_eq!(config_json(&o.recorded()), expected);
 }
 
 #[test]
@@ -1505,7 +1563,7 @@ fn config_json_values() {
         "--watch=mm:1,add,full-content",
     ]);
     o.output_dir = PathBuf::from("/tmp/a \"q\"\\\t");
-    let j = config_json(&o);
+    let j = config_json(&o.recorded());
     for needle in [
         "\"stepCount\": 2",
         "            3,\n            7,\n            0,",
@@ -1555,4 +1613,64 @@ fn control_chars_in_values_are_escaped_in_messages() {
     let e = err(&["--format=a\nb", "true"]);
     assert!(e.message.contains("a\\nb"), "{e}");
     assert!(!e.message.contains('\n'));
+}
+
+/// `agent`'s options, parsed through the main command line (moved here from `agent/`, which
+/// never uses the front end).
+mod agent_options {
+    use super::*;
+    use crate::agent::options::AgentOptions;
+    use std::ffi::OsString;
+
+    /// Parses the arguments after `agent`, through the main command line.
+    fn parse(args: &[OsString]) -> Result<AgentOptions, CliError> {
+        let argv = ["memscope-bpf", "agent"].map(OsString::from);
+        match parse_from(argv.into_iter().chain(args.iter().cloned()))?.mode {
+            Mode::Agent(opts) => Ok(opts),
+            mode => panic!("{mode:?}"),
+        }
+    }
+
+    fn p(args: &[&str]) -> Result<AgentOptions, CliError> {
+        parse(&args.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults_and_both_value_spellings() {
+        let o = p(&[]).unwrap();
+        assert_eq!(o.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(o.sample_bytes, 524288);
+        let o = p(&[
+            "--listen=127.0.0.1:1234",
+            "--sample-bytes",
+            "0",
+            "--leak-steps=2",
+            "--python-depth",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(o.python_depth, 0);
+        assert_eq!(p(&[]).unwrap().python_depth, 32);
+        assert_eq!(o.listen.port(), 1234);
+        assert_eq!(o.sample_bytes, 0);
+        assert_eq!(o.leak_steps, 2);
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors_that_say_what_is_accepted() {
+        for (args, needle) in [
+            (&["--listen", "nowhere"][..], "IP:PORT"),
+            (&["--ring-buffer-mib=3"][..], "power of two"),
+            (&["--leak-steps=0"][..], "at least 1 step"),
+            (&["--python-depth=200"][..], "from 0 to 128"),
+            (&["--bogus"][..], "unknown agent option"),
+            (&["1234"][..], "takes no program or pid"),
+            (&["--lib"][..], "needs a value"),
+        ] {
+            let e = p(args).unwrap_err();
+            assert_eq!(e.exit_code, 2, "{args:?}");
+            assert!(e.message.contains(needle), "{args:?}: {}", e.message);
+        }
+        assert_eq!(p(&["--help"]).unwrap_err().exit_code, 0);
+    }
 }

@@ -7,8 +7,6 @@ use std::path::PathBuf;
 
 /// Name used in messages, usage lines and `--version`.
 pub const PROGRAM_NAME: &str = "memscope-bpf";
-/// At most this many `--steps` values (`SelectedStepList.stepIdList[5]`).
-pub const MAX_STEPS: usize = 5;
 pub const DEFAULT_RING_BUFFER_MIB: u32 = 64;
 pub const MAX_RING_BUFFER_MIB: u32 = 1024;
 /// Exit code for usage errors.

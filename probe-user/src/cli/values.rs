@@ -176,6 +176,50 @@ pub fn output_file(opt: &str, raw: &OsStr) -> Parsed<PathBuf> {
     paths::output_file(raw, &current_dir()?).map_err(|r| refused(opt, r))
 }
 
+/// The page `report` writes in its output directory (the other formats are named after it).
+pub const REPORT_PAGE: &str = "memscope_report.html";
+
+/// `report -o DIR`: the page's path, `DIR/memscope_report.html`, under the output directory
+/// rules of every mode. A path ending in `.html` that is not a directory names the page
+/// itself, as `report -o` did before it meant a directory everywhere (deprecated: a user who
+/// wrote `-o run.html` would not expect a directory of that name).
+pub fn report_output(opt: &str, raw: &OsStr) -> Parsed<PathBuf> {
+    let cwd = current_dir()?;
+    let lower = raw.to_string_lossy().to_ascii_lowercase();
+    let names_a_page = lower.ends_with(".html") || lower.ends_with(".htm");
+    if names_a_page && !std::path::Path::new(raw).is_dir() {
+        let page = paths::output_file(raw, &cwd).map_err(|r| refused(opt, r))?;
+        warn(format!(
+            "'report {opt} FILE.html' is deprecated: {opt} names the output directory, as in              every mode (the page is then DIR/{REPORT_PAGE}); writing {} as asked",
+            shown_os(page.as_os_str())
+        ));
+        return Ok(page);
+    }
+    let dir = paths::output_dir(raw, &cwd).map_err(|r| refused(opt, r))?;
+    report_page_in(&dir, &format!("{opt} {}", shown_os(raw)))
+}
+
+/// `report` without `-o`: the page in the current directory.
+pub fn default_report_page() -> Parsed<PathBuf> {
+    report_page_in(&current_dir()?, "the current directory")
+}
+
+/// `DIR/memscope_report.html`, refused before anything is read when a directory or a
+/// symbolic link has that name (the page is never written through a link).
+fn report_page_in(dir: &std::path::Path, given: &str) -> Parsed<PathBuf> {
+    let page = dir.join(REPORT_PAGE);
+    let what = match std::fs::symlink_metadata(&page) {
+        Ok(md) if md.is_dir() => "a directory",
+        Ok(md) if md.is_symlink() => "a symbolic link",
+        _ => return Ok(page),
+    };
+    Err(CliError::usage(format!(
+        "report writes {REPORT_PAGE} in {given}, where {} is {what}; give another directory \
+         with -o DIR",
+        shown_os(page.as_os_str())
+    )))
+}
+
 /// `--compare --input-path A,B`: exactly two dump files.
 pub fn compare_inputs(opt: &str, v: &OsStr) -> Parsed<[PathBuf; 2]> {
     let expected = "invalid paths, expected exactly two comma-separated dump files";

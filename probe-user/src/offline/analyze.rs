@@ -21,11 +21,9 @@ use anyhow::Result;
 use super::reader::{self, DumpRow, Loc, parse_ptr};
 use crate::{
     analysis::steps::{Gaps, LiveBlock, StepLeaks, outlives_its_step},
-    cli::Options,
     events::hal::{DEVICE_CPU, PageType},
     events::pools::PoolKind,
     log,
-    output::config_json::config_json,
     output::{
         DeviceKey, ProcessOutput,
         leaks::{self, LeakCause, ProcessLeaks},
@@ -458,7 +456,7 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
 
 /// `analyze`: runs the analysis, writes the leak files, prints the summary on stderr.
 /// Returns the files written.
-pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
+pub fn run(opts: &super::OfflineSettings, input: &Path) -> Result<Vec<PathBuf>> {
     let a = find_leaks(input)?;
     log::info(&format!(
         "{}: {} row(s); {} HAL allocation(s), {} free(s){}",
@@ -478,7 +476,7 @@ pub fn run(opts: &Options, input: &Path) -> Result<Vec<PathBuf>> {
     if a.mallocs == 0 {
         log::warn("the dump has no HAL MALLOC rows: nothing to analyze");
     }
-    let config = config_json(opts);
+    let config = opts.config_json.clone();
     let mut pool_reports = pool_reports(input)?;
     let mut report = Vec::new();
     let mut written = Vec::new();

@@ -28,9 +28,7 @@ use super::{
     reader::{self, DumpRow, Loc},
 };
 use crate::{
-    cli::Options,
     log,
-    output::config_json::config_json,
     output::{DeviceKey, ProcessOutput, local_timestamp},
     settings::Levels,
 };
@@ -309,13 +307,47 @@ pub fn myers<T: PartialEq>(a: &[T], b: &[T], deadline: Option<Instant>) -> Resul
     Ok(out)
 }
 
+/// One entry of the comparison: an op (or kernel) of one run or both, with the framework
+/// memory after it in each (`None`: not in that run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompareRow {
+    pub event: String,
+    pub name: String,
+    pub device: u32,
+    pub base: Option<i64>,
+    pub compare: Option<i64>,
+}
+
+impl CompareRow {
+    /// `compare - base`, a missing side counting as 0 (msMemScope's column).
+    pub fn diff(&self) -> i64 {
+        self.compare
+            .unwrap_or(0)
+            .saturating_sub(self.base.unwrap_or(0))
+    }
+
+    /// The CSV line.
+    fn line(&self) -> String {
+        let show = |v: Option<i64>| v.map_or("N/A".to_string(), |v| v.to_string());
+        format!(
+            "{},{},{},{},{},{}",
+            self.event,
+            self.name,
+            self.device,
+            show(self.base),
+            show(self.compare),
+            self.diff()
+        )
+    }
+}
+
 /// The result rows (without the header), in output order.
 fn compare_rows(
     base: &Input,
     cmp: &Input,
     levels: &Levels,
     framework: Option<&str>,
-) -> Result<Vec<String>> {
+) -> Result<Vec<CompareRow>> {
     if levels.op && framework == Some("MINDSPORE") {
         return Err(InputError::file(
             &base.path,
@@ -333,7 +365,7 @@ fn compare_rows(
     devices.sort_unstable();
     devices.dedup();
     let deadline = Instant::now() + TIME_LIMIT;
-    let mut lines = Vec::new();
+    let mut out = Vec::new();
     for dev in devices {
         let a = base.launches(dev);
         let b = cmp.launches(dev);
@@ -365,35 +397,92 @@ fn compare_rows(
                     Some(cmp.memory_at(dev, b[j].index, framework)),
                 ),
             };
-            let show = |v: Option<i64>| v.map_or("N/A".to_string(), |v| v.to_string());
-            let diff = cv.unwrap_or(0).saturating_sub(bv.unwrap_or(0));
-            lines.push(format!(
-                "{event},{name},{dev},{},{},{diff}",
-                show(bv),
-                show(cv)
-            ));
+            out.push(CompareRow {
+                event: event.clone(),
+                name: name.clone(),
+                device: dev,
+                base: bv,
+                compare: cv,
+            });
         }
     }
-    Ok(lines)
+    Ok(out)
 }
 
-/// Compares two dumps and returns the comparison's lines (header included).
-pub fn compare_files(base: &Path, cmp: &Path, levels: &Levels) -> Result<Vec<String>> {
+/// Compares two dumps: the comparison's entries in output order.
+pub fn compare_entries(base: &Path, cmp: &Path, levels: &Levels) -> Result<Vec<CompareRow>> {
     let mut framework = None;
     let b = load(base, levels, &mut framework)?;
     let c = load(cmp, levels, &mut framework)?;
     let fw = framework.as_ref().map(|(f, _)| f.as_str());
-    let rows = compare_rows(&b, &c, levels, fw)?;
+    compare_rows(&b, &c, levels, fw)
+}
+
+/// Compares two dumps and returns the comparison's lines (header included).
+pub fn compare_files(base: &Path, cmp: &Path, levels: &Levels) -> Result<Vec<String>> {
+    let rows = compare_entries(base, cmp, levels)?;
     let mut lines: Vec<String> = COMPARE_HEADER.iter().map(|s| s.to_string()).collect();
-    lines.extend(rows);
+    lines.extend(rows.iter().map(CompareRow::line));
     Ok(lines)
 }
 
-/// `--compare`: writes the comparison and returns its path.
-pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
+/// How many of the largest differences the terminal summary lists.
+pub const SUMMARY_ROWS: usize = 10;
+
+/// The terminal summary of a comparison: how the sequences lined up, and the entries whose
+/// memory differs most (largest `|compare - base|` first, ties in file order), each with its
+/// line in `csv_name`, exact bytes and human units.
+pub fn summary(rows: &[CompareRow], csv_name: &str, top: usize) -> String {
+    let both = rows
+        .iter()
+        .filter(|r| r.base.is_some() && r.compare.is_some())
+        .count();
+    let only_base = rows.iter().filter(|r| r.compare.is_none()).count();
+    let only_compare = rows.iter().filter(|r| r.base.is_none()).count();
+    let mut s = format!(
+        "{} entries: {both} in both runs, {only_base} only in base, {only_compare} only in compare\n",
+        rows.len()
+    );
+    let mut differing: Vec<(usize, &CompareRow)> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.diff() != 0)
+        .collect();
+    if differing.is_empty() {
+        s.push_str("no entry's memory differs between the runs\n");
+        return s;
+    }
+    differing.sort_by_key(|(i, r)| (std::cmp::Reverse(r.diff().unsigned_abs()), *i));
+    let shown = differing.len().min(top);
+    s.push_str(&format!(
+        "{} entries differ; the largest {shown} (compare - base; line in {csv_name}):\n",
+        differing.len()
+    ));
+    let side = |v: Option<i64>| match v {
+        None => "N/A".to_owned(),
+        Some(v) => u64::try_from(v).map_or_else(|_| log::signed_bytes(v), log::bytes),
+    };
+    for (i, r) in differing.into_iter().take(top) {
+        s.push_str(&format!(
+            "  line {:<6} device {:<3} {:<28} {:>30}   base {}, compare {}\n",
+            i + COMPARE_HEADER.len() + 1,
+            r.device,
+            r.name,
+            log::signed_bytes(r.diff()),
+            side(r.base),
+            side(r.compare),
+        ));
+    }
+    s
+}
+
+/// `--compare`: writes the comparison, prints its summary on stdout and returns the path.
+pub fn run(opts: &super::OfflineSettings, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
     let started = Instant::now();
-    let lines = compare_files(&inputs[0], &inputs[1], &opts.levels)?;
-    if lines.len() == COMPARE_HEADER.len() {
+    let rows = compare_entries(&inputs[0], &inputs[1], &opts.levels)?;
+    let mut lines: Vec<String> = COMPARE_HEADER.iter().map(|s| s.to_string()).collect();
+    lines.extend(rows.iter().map(CompareRow::line));
+    if rows.is_empty() {
         log::warn(&format!(
             "no {} rows on an NPU device in either input: the comparison is empty",
             if opts.levels.kernel && !opts.levels.op {
@@ -403,7 +492,11 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
             }
         ));
     }
-    let mut out = ProcessOutput::new(&opts.output_dir, std::process::id(), config_json(opts));
+    let mut out = ProcessOutput::new(
+        &opts.output_dir,
+        std::process::id(),
+        opts.config_json.clone(),
+    );
     let dir = out.subdir("compare")?;
     let (path, f) =
         dir.create_unique_file(&format!("memory_compare_{}", local_timestamp()), ".csv")?;
@@ -420,6 +513,12 @@ pub fn run(opts: &Options, inputs: &[PathBuf; 2]) -> Result<PathBuf> {
         lines.len() - COMPARE_HEADER.len(),
         started.elapsed().as_secs_f64()
     ));
+    log::info(&format!("comparison written to {}", path.display()));
+    // The answer last, after the messages about it.
+    if !rows.is_empty() {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        print!("{}", summary(&rows, &name, SUMMARY_ROWS));
+    }
     Ok(path)
 }
 
@@ -514,6 +613,53 @@ mod tests {
             }
         }
         dp[a.len()][b.len()]
+    }
+
+    #[test]
+    fn summary_lists_the_largest_differences_first() {
+        let row = |name: &str, device, base, compare| CompareRow {
+            event: "OP_LAUNCH".to_owned(),
+            name: name.to_owned(),
+            device,
+            base,
+            compare,
+        };
+        let rows = [
+            row("aclnnAdd", 0, Some(512), Some(512)),
+            row("aclnnMul", 0, Some(1 << 20), Some(3 << 20)),
+            row("aclnnRelu", 0, None, Some(2048)),
+            row("aclnnSum", 1, Some(4096), None),
+            row("aclnnCat", 1, Some(4096), Some(0)),
+            row("aclnnExp", 0, Some(1), Some(2)),
+        ];
+        let s = summary(&rows, "memory_compare_1.csv", 3);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(
+            lines[0],
+            "6 entries: 4 in both runs, 1 only in base, 1 only in compare"
+        );
+        assert_eq!(
+            lines[1],
+            "5 entries differ; the largest 3 (compare - base; line in memory_compare_1.csv):"
+        );
+        // +2 MiB, then the two 4096-byte drops in file order (a missing side counts as 0).
+        assert!(lines[2].starts_with("  line 4 "), "{s}");
+        assert!(
+            lines[2].contains("aclnnMul")
+                && lines[2].contains("+2097152 bytes (+2.00 MiB)")
+                && lines[2]
+                    .contains("base 1048576 bytes (1.00 MiB), compare 3145728 bytes (3.00 MiB)"),
+            "{s}"
+        );
+        assert!(lines[3].starts_with("  line 6 ") && lines[3].contains("-4096 bytes (-4.00 KiB)"));
+        assert!(lines[3].contains("compare N/A"), "{s}");
+        assert!(
+            lines[4].starts_with("  line 7 ") && lines[4].contains("aclnnCat"),
+            "{s}"
+        );
+        assert_eq!(lines.len(), 5, "{s}");
+        let same = [row("aclnnAdd", 0, Some(5), Some(5))];
+        assert!(summary(&same, "f.csv", 10).contains("no entry's memory differs"));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! or the SQLite db). Problems with an input are [`InputError`]s, which the command turns into
 //! exit code 2 with the file and line in the message.
 //!
-//! A second entry, after the run: uses `analysis`, `state`, `events`, `output`, `cli`,
-//! `settings`, `digits` and `log`; never `trace`, `session`, `report` or `agent` (tests/layout.rs).
+//! A second entry, after the run: uses `analysis`, `state`, `events`, `output`, `settings`,
+//! `digits` and `log`; never `trace`, `session`, `report`, `agent` or the front end `cli`
+//! (tests/layout.rs): the commands take [`OfflineSettings`], which `cli` fills.
 
 pub mod analyses;
 pub mod analyze;
@@ -24,6 +25,17 @@ use std::{
 use crate::log::shown_os;
 use crate::output::paths::{MAX_PATH_LEN, is_readable, too_long};
 use crate::settings::{Refused, split_list_os};
+
+/// What `--compare` and `analyze` take from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfflineSettings {
+    /// Where the results go (a process directory is made under it, as a traced run's).
+    pub output_dir: PathBuf,
+    /// `--level`: which rows `--compare` lines up.
+    pub levels: crate::settings::Levels,
+    /// The config.json written beside the results.
+    pub config_json: String,
+}
 
 /// Largest accepted input dump (8 GiB).
 pub const MAX_COMPARE_INPUT_BYTES: u64 = 8 << 30;

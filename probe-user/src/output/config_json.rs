@@ -1,13 +1,42 @@
 //! `config.json`: the options as msMemScope writes them beside its results (spec §3.7).
+//!
+//! The front end fills a [`Recorded`] from its options; this stage never reads the command
+//! line itself (tests/layout.rs: nothing uses `cli`).
+
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::cli::{MAX_STEPS, Mode, Options};
-use crate::settings::{DEFAULT_OOM_TOP_K, WATCH_NO_OUTPUT_ID};
+use crate::settings::{
+    AnalysisSet, CallStack, CollectMode, DEFAULT_OOM_TOP_K, DataFormat, DeviceFilter, EventSet,
+    Levels, LogLevel, MAX_STEPS, WATCH_NO_OUTPUT_ID, WatchConfig,
+};
 
-/// The msMemScope `config.json` for these options, laid out like nlohmann::json's `dump(4)`:
+/// What config.json records of a run's settings, as the command line gave them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub call_stack: CallStack,
+    /// `--compare` (msMemScope's `enableCompare`).
+    pub compare: bool,
+    pub levels: Levels,
+    /// Collected: `dump_events` plus what the analyses imply.
+    pub events: EventSet,
+    /// Written to the dump (`--events`).
+    pub dump_events: EventSet,
+    pub analysis: AnalysisSet,
+    pub collect_mode: CollectMode,
+    pub output_dir: PathBuf,
+    pub format: DataFormat,
+    pub devices: DeviceFilter,
+    pub log_level: LogLevel,
+    /// `--steps` (at most [`MAX_STEPS`] are recorded).
+    pub steps: Vec<u32>,
+    pub watch: Option<WatchConfig>,
+}
+
+/// The msMemScope `config.json` for these settings, laid out like nlohmann::json's `dump(4)`:
 /// keys sorted (serde_json's map is ordered), 4-space indent, no trailing newline.
-pub fn config_json(opts: &Options) -> String {
+pub fn config_json(opts: &Recorded) -> String {
     let mut steps = [0u32; MAX_STEPS];
     for (slot, s) in steps.iter_mut().zip(&opts.steps) {
         *slot = *s;
@@ -17,7 +46,7 @@ pub fn config_json(opts: &Options) -> String {
     let root = json!({
         "enableCStack": cs.c_depth.is_some(),
         "enablePyStack": cs.python_depth.is_some(),
-        "enableCompare": matches!(opts.mode, Mode::Compare { .. }),
+        "enableCompare": opts.compare,
         "cStackDepth": cs.c_depth.unwrap_or(0),
         "pyStackDepth": cs.python_depth.unwrap_or(0),
         "levelType": opts.levels.bits(),

@@ -8,9 +8,9 @@
 //! the analyses (`decompose.rs`: `Decompose::write_csv`), and msMemScope's rules for output
 //! paths, checked when the command line is read ([`paths`]).
 //!
-//! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `cli` (config.json
-//! records the options as given), `digits` and `log`. Never `trace`, `events`, `session`,
-//! `report` or `agent` (tests/layout.rs checks it).
+//! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `digits` and `log`.
+//! Never `trace`, `events`, `session`, `report`, `agent`, nor the front end `cli`: config.json
+//! records the options `cli` hands it as a [`config_json::Recorded`] (tests/layout.rs checks it).
 
 pub mod attr;
 pub mod config_json;

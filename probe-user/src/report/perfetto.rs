@@ -237,3 +237,52 @@ impl<W: Write> Sink<W> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The operator rows of a traced torch_npu process (`ACLNN_START`/`ACLNN_END`, written by
+    /// `state/calls.rs` from each op API call) become one `X` slice each on the calling thread,
+    /// beside the ATen operators of the mstx protocol.
+    #[test]
+    fn op_api_rows_become_operator_slices() {
+        let h = crate::output::csv::CSV_HEADER;
+        let text = format!(
+            "{h}\n\
+             1,OP_LAUNCH,ACLNN_START,aclnnAdd,1000,7,9,0,N/A,\"{{workspace_addr:0x0,workspace_size:0}}\",,\n\
+             2,OP_LAUNCH,ACLNN_END,aclnnAdd,3500,7,9,0,N/A,\"{{ret:0}}\",,\n\
+             3,OP_LAUNCH,ACLNN_START,aclnnMul,4000,7,9,0,N/A,\"{{workspace_addr:0x0,workspace_size:0}}\",,\n\
+             4,OP_LAUNCH,ACLNN_END,aclnnMul,4100,7,9,0,N/A,\"{{ret:0}}\",,\n\
+             5,OP_LAUNCH,ATEN_START,aten::add,900,7,7,0,N/A,,,\n\
+             6,OP_LAUNCH,ATEN_END,aten::add,3600,7,7,0,N/A,,,\n"
+        );
+        let dir = std::env::temp_dir().join(format!("memscope-perfetto-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memscope_dump_1.csv"), text).unwrap();
+        let model = super::super::model::load(&dir, 100).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let t = trace(&model);
+        let slices: Vec<(String, u64, f64, f64)> = t["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "operator")
+            .map(|e| {
+                let name = e["name"].as_str().unwrap().to_owned();
+                let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                (name, e["tid"].as_u64().unwrap(), ts, dur)
+            })
+            .collect();
+        // t0 is the first row (900 ns); microseconds after it.
+        assert_eq!(
+            slices,
+            [
+                ("aclnnAdd".to_owned(), 9, 0.1, 2.5),
+                ("aten::add".to_owned(), 7, 0.0, 2.7),
+                ("aclnnMul".to_owned(), 9, 3.1, 0.1),
+            ]
+        );
+    }
+}

@@ -29,7 +29,9 @@ impl Bench {
             .filter_map(|p| fs::metadata(p).ok())
             .map(|m| m.len())
             .sum();
-        let page = self.scratch.join("report-10m.html");
+        // `report -o DIR` writes DIR/memscope_report.html.
+        let page_dir = self.scratch.join("report-10m");
+        let page = page_dir.join("memscope_report.html");
         let rounds = self.opts.rounds.min(3);
         let chrome = ["chromium", "chromium-browser"].into_iter().find(|c| {
             Command::new("which")
@@ -43,7 +45,7 @@ impl Bench {
             c.args(["report", "-q", "-i"])
                 .arg(&dump_dir)
                 .arg("-o")
-                .arg(&page);
+                .arg(&page_dir);
             self.exec(c)?;
             let build_s = t.elapsed().as_secs_f64();
             let size = fs::metadata(&page)?.len() as f64;

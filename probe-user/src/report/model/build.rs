@@ -172,8 +172,9 @@ impl Builder {
             }
             ("OP_LAUNCH", t) | ("KERNEL_LAUNCH", t) => {
                 ev.kind = match t {
-                    "ATEN_START" | "ATB_START" => Kind::OpStart,
-                    "ATEN_END" | "ATB_END" => Kind::OpEnd,
+                    // ACLNN_*: the op API calls of an unmodified torch_npu process.
+                    "ATEN_START" | "ATB_START" | "ACLNN_START" => Kind::OpStart,
+                    "ATEN_END" | "ATB_END" | "ACLNN_END" => Kind::OpEnd,
                     "KERNEL_START" => Kind::KernelStart,
                     "KERNEL_END" => Kind::KernelEnd,
                     "KERNEL_LAUNCH" => Kind::KernelLaunch,
