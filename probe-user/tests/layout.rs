@@ -51,8 +51,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
-    ("analysis", &["events", "settings", "log"]),
-    // config.json records the options `cli` hands over as `config_json::Recorded`.
+            "session", "trace", "events", "state", "analysis", "output", "settings", "log",
         ],
     ),
     // The front end: builds the settings and hands subcommands to their modules; nothing
