@@ -15,7 +15,7 @@ use std::{
     process::Command,
 };
 
-use common::chromium::{chrome, require_chromium};
+use common::chromium::{chrome, dump_dom, require_chromium};
 use common::{TRACER, bin, find_files, require_root, run_tracer, scratch, serial};
 use memscope_bpf::{
     output::DeviceKey,
@@ -41,26 +41,7 @@ struct Rendered {
 /// Renders `html` twice: once for the DOM (and the self-check), once for a screenshot.
 fn render(html: &Path, png: &Path, scratch_dir: &Path) -> Rendered {
     let profile = scratch_dir.join("chrome-profile");
-    let out = chrome(
-        html,
-        &[
-            "--dump-dom".to_owned(),
-            "--enable-logging=stderr".to_owned(),
-        ],
-        &profile,
-    );
-    assert!(out.status.success(), "chromium --dump-dom failed: {out:?}");
-    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    // Console messages of the page: none may be an error (chromium's own dbus noise is not
-    // from the page).
-    for line in stderr.lines().filter(|l| l.contains("CONSOLE")) {
-        assert!(
-            !line.contains(":ERROR:") && !line.to_lowercase().contains("uncaught"),
-            "console error in {}: {line}",
-            html.display()
-        );
-    }
+    let dom = dump_dom(html, &profile);
     let start = dom
         .find("<pre id=\"selfcheck\">")
         .expect("selfcheck element")

@@ -263,10 +263,12 @@ pub fn user_site(c_stack: &str, py_stack: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const STACK: &str = "0x00007f0000001000 halMemAlloc at /src/tests/fixtures/src/hal.c:210\n\
+    /// A C stack through the simulated HAL (its entry point and a static helper) into a
+    /// workload's frames; the report's tests use it too.
+    pub(crate) const STACK: &str = "0x00007f0000001000 halMemAlloc at /src/tests/fixtures/src/hal.c:210\n\
         0x00007f0000001100 hal_pick at /src/tests/fixtures/src/hal.c:90\n\
         0x000055d0c0a01358 [inlined] leaf at /src/stack_workload.c:65\n\
         0x000055d0c0a01358 middle at /src/stack_workload.c:72\n\

@@ -141,6 +141,16 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// `... N more` when a list was cut at `shown` lines.
+fn more_lines(s: &mut String, total: usize, shown: usize) {
+    if total > shown {
+        s.push_str(&format!(
+            "    ... {} more (see the leaks CSV)\n",
+            total - shown
+        ));
+    }
+}
+
 /// The human summary printed at the end of a run.
 pub fn format_report(all: &[ProcessLeaks], max_lines_per_process: usize) -> String {
     let mut s = String::new();
@@ -199,12 +209,7 @@ pub fn format_report(all: &[ProcessLeaks], max_lines_per_process: usize) -> Stri
                     b.size,
                 ));
             }
-            if m.tensor_leaks.len() > max_lines_per_process {
-                s.push_str(&format!(
-                    "    ... {} more (see the leaks CSV)\n",
-                    m.tensor_leaks.len() - max_lines_per_process
-                ));
-            }
+            more_lines(&mut s, m.tensor_leaks.len(), max_lines_per_process);
         }
         if !m.driver_leaks.is_empty() {
             s.push_str(&format!(
@@ -228,12 +233,7 @@ pub fn format_report(all: &[ProcessLeaks], max_lines_per_process: usize) -> Stri
                     module_label(b.module_id)
                 ));
             }
-            if m.driver_leaks.len() > max_lines_per_process {
-                s.push_str(&format!(
-                    "    ... {} more (see the leaks CSV)\n",
-                    m.driver_leaks.len() - max_lines_per_process
-                ));
-            }
+            more_lines(&mut s, m.driver_leaks.len(), max_lines_per_process);
         }
         for h in &m.pools {
             let name = h.pool_name();

@@ -166,12 +166,7 @@ pub fn speedscope(model: &Model, profiles: &[(String, Vec<LiveBlock>)]) -> serde
 mod tests {
     use super::*;
 
-    const STACK: &str = "0x00007f0000001000 halMemAlloc at /src/tests/fixtures/src/hal.c:210\n\
-        0x00007f0000001100 hal_pick at /src/tests/fixtures/src/hal.c:90\n\
-        0x000055d0c0a01358 [inlined] leaf at /src/stack_workload.c:65\n\
-        0x000055d0c0a01358 middle at /src/stack_workload.c:72\n\
-        0x000055d0c0a0137d main at /src/stack_workload.c:99\n\
-        0x00007f1e2c827249 __libc_start_call_main";
+    use crate::analysis::sites::tests::STACK;
 
     fn c_only(c: &str) -> Stacks {
         Stacks {

@@ -180,12 +180,13 @@ pub fn split_csv(line: &str) -> Vec<String> {
 
 pub fn parse_dump(path: &Path) -> Vec<DumpRow> {
     let text = fs::read_to_string(path).unwrap();
-    let mut lines = text.lines();
-    assert_eq!(lines.next(), Some(HEADER), "header of {}", path.display());
-    lines
-        .map(|l| {
-            let f = split_csv(l);
-            assert_eq!(f.len(), 12, "12 columns in {l:?}");
+    assert_eq!(text.lines().next(), Some(HEADER), "header of {}", path.display());
+    // Records, not lines: a stack column holds line breaks (Python programs have their
+    // stacks by default).
+    parse_dump_records(&text)
+        .into_iter()
+        .map(|f| {
+            assert_eq!(f.len(), 12, "12 columns in {f:?}");
             let raw_attr = f[9].clone();
             let mut attr = BTreeMap::new();
             if !raw_attr.is_empty() {
