@@ -73,7 +73,10 @@ impl Session {
                     rows.clear();
                     self.rows = rows;
                 }
-                Decoded::Exit { pid, .. } => self.finish_process(pid, LeakCause::Exited),
+                Decoded::Exit { pid, .. } => {
+                    self.finish_process(pid, LeakCause::Exited);
+                    self.forget_python(pid);
+                }
                 _ => {}
             }
         }

@@ -122,7 +122,8 @@ impl Session {
                 Decoded::Call(_) | Decoded::Exit { .. } => {
                     let mut ev = ev;
                     match &ev {
-                        Decoded::Exit { pid, .. } => self.forget_python(*pid),
+                        // Its interpreter is forgotten when the exit is applied, after the
+                        // calls before it (a batch may reach us after the exit record).
                         Decoded::Call(c) => self.configure_python(c.pid, false),
                         _ => {}
                     }

@@ -180,7 +180,12 @@ pub fn split_csv(line: &str) -> Vec<String> {
 
 pub fn parse_dump(path: &Path) -> Vec<DumpRow> {
     let text = fs::read_to_string(path).unwrap();
-    assert_eq!(text.lines().next(), Some(HEADER), "header of {}", path.display());
+    assert_eq!(
+        text.lines().next(),
+        Some(HEADER),
+        "header of {}",
+        path.display()
+    );
     // Records, not lines: a stack column holds line breaks (Python programs have their
     // stacks by default).
     parse_dump_records(&text)
