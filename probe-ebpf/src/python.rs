@@ -1,8 +1,10 @@
 //! Python stacks (`--call-stack=python`): at a traced call of a process that runs CPython,
 //! find the calling thread's `PyThreadState` (the interpreters' thread lists, matched by
 //! `native_thread_id`, cached per thread while one interpreter runs) and send its
-//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. User space
-//! reads the code objects and line tables. The thread is inside the probe, so its own chain
+//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. A code
+//! object seen for the first time in a process is sent whole before the stack (names, first
+//! line, line table: [`PyCodeEvent`]), so that user space never reads one that may be freed by
+//! then. The thread is inside the probe, so its own chain
 //! cannot change while it is read; a failed read or a chain that loops is still flagged, never
 //! followed further.
 
@@ -14,8 +16,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use probe_common::{
-    PY_FRAME_HAS_IDS, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND,
-    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_ids, py_flags,
+    PY_CODE_FILE, PY_CODE_HEADER, PY_CODE_NAME, PY_CODE_TABLE, PY_FRAME_HAS_IDS, PY_FRAME_READ,
+    PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYCODE_KIND, PYSTACK_KIND, PyCodeEvent,
+    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags, py_code_ids, py_flags,
 };
 
 use crate::{
@@ -33,6 +36,23 @@ static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0)
 
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// A code object already sent to user space ([`PyCodeEvent`]): process (and its
+/// configuration's generation), address and identity.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CodeKey {
+    tgid: u32,
+    generation: u32,
+    code: u64,
+    ids: u64,
+}
+
+#[map]
+static PY_CODES_SENT: LruHashMap<CodeKey, u8> = LruHashMap::with_max_entries(65536, 0);
+
+#[map]
+static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// One frame's bytes; room past `PY_FRAME_READ` so a masked field offset stays in bounds.
 #[repr(C)]
@@ -96,6 +116,7 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
         p,
         frame: first,
         n: 0,
+        tgid,
     };
     unsafe {
         bpf_loop(
@@ -256,6 +277,7 @@ struct FrameWalk {
     p: PyProcess,
     frame: u64,
     n: u32,
+    tgid: u32,
 }
 
 /// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
@@ -311,7 +333,17 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if w.p.code_ids != PY_NO_OFFSET && code != 0 {
         let at = code.wrapping_add(w.p.code_ids as u64);
         if let Ok(words) = unsafe { bpf_probe_read_user(at as *const [u64; 4]) } {
-            meta |= PY_FRAME_HAS_IDS | (py_code_ids(words) << 32);
+            let ids = py_code_ids(words);
+            meta |= PY_FRAME_HAS_IDS | (ids << 32);
+            let key = CodeKey {
+                tgid: w.tgid,
+                generation: w.p.generation,
+                code,
+                ids,
+            };
+            if unsafe { PY_CODES_SENT.get(&key) }.is_none() {
+                send_code(&w.p, &key, &words);
+            }
         }
     }
     let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
@@ -327,4 +359,132 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     }
     w.frame = previous;
     0
+}
+
+/// Sends a code object seen for the first time ([`PyCodeEvent`]), and remembers it once the
+/// record is in the ring buffer (a record lost to a full buffer is sent again next time).
+/// `words`: its `co_filename`, `co_name`, `co_qualname` and `co_linetable` pointers.
+#[inline(never)]
+fn send_code(p: &PyProcess, key: &CodeKey, words: &[u64; 4]) {
+    let Some(ev) = PY_CODE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let ev = unsafe { &mut *ev };
+    ev.kind = PYCODE_KIND;
+    ev.flags = 0;
+    ev.pid = key.tgid;
+    ev.code = key.code;
+    ev.ids = key.ids;
+    ev.firstlineno = unsafe {
+        bpf_probe_read_user(key.code.wrapping_add(p.code_firstlineno as u64) as *const i32)
+    }
+    .unwrap_or(0);
+    let (len, kind) = read_name(
+        p,
+        words[0],
+        ev.file.as_mut_ptr(),
+        PY_CODE_FILE,
+        &mut ev.flags,
+    );
+    ev.file_len = len;
+    ev.file_kind = kind;
+    let (len, kind) = read_name(
+        p,
+        words[1],
+        ev.name.as_mut_ptr(),
+        PY_CODE_NAME,
+        &mut ev.flags,
+    );
+    ev.name_len = len;
+    ev.name_kind = kind;
+    let (len, kind) = read_name(
+        p,
+        words[2],
+        ev.qualname.as_mut_ptr(),
+        PY_CODE_NAME,
+        &mut ev.flags,
+    );
+    ev.qualname_len = len;
+    ev.qualname_kind = kind;
+    // A `bytes` object: `ob_size` at 16, the bytes from 32 (3.11 to 3.13).
+    let table = words[3];
+    let full = read_u64(table.wrapping_add(16));
+    let mut n = 0usize;
+    match full {
+        Some(full) if full <= u32::MAX as u64 => {
+            ev.table_full_len = full as u32;
+            n = full as usize;
+            if n > PY_CODE_TABLE {
+                n = PY_CODE_TABLE;
+                ev.flags |= py_code_flags::CUT;
+            }
+            let rc = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    ev.table.as_mut_ptr() as *mut c_void,
+                    n as u32,
+                    table.wrapping_add(32) as *const c_void,
+                )
+            };
+            if rc != 0 {
+                n = 0;
+                ev.flags |= py_code_flags::TABLE_UNREADABLE;
+            }
+        }
+        _ => {
+            ev.table_full_len = 0;
+            ev.flags |= py_code_flags::TABLE_UNREADABLE;
+        }
+    }
+    ev.table_len = n as u32;
+    let len = PY_CODE_HEADER + (n & (2 * PY_CODE_TABLE - 1)).min(PY_CODE_TABLE);
+    let bytes = unsafe { core::slice::from_raw_parts(ev as *const PyCodeEvent as *const u8, len) };
+    if EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
+        bump(counter::RINGBUF_FULL);
+        return;
+    }
+    let _ = PY_CODES_SENT.insert(key, &1, 0);
+}
+
+/// Copies a compact `str`'s characters (at most `room` bytes) to `dst`: (bytes copied,
+/// character width). Flags a string that cannot be read or was cut.
+#[inline(always)]
+fn read_name(p: &PyProcess, addr: u64, dst: *mut u8, room: usize, flags: &mut u16) -> (u16, u8) {
+    // `PyASCIIObject.length` at 16 and `.state` at 32 (3.11 to 3.13).
+    let (Some(len), Ok(state)) = (read_u64(addr.wrapping_add(16)), unsafe {
+        bpf_probe_read_user(addr.wrapping_add(32) as *const u32)
+    }) else {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    };
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1 != 0;
+    let ascii = (state >> 6) & 1 != 0;
+    if !compact || !(kind == 1 || kind == 2 || kind == 4) || len > (1 << 16) {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    }
+    let data = addr.wrapping_add(if ascii {
+        p.str_ascii_data
+    } else {
+        p.str_compact_data
+    } as u64);
+    let mut n = (len * kind as u64) as usize;
+    if n > room {
+        n = room;
+        *flags |= py_code_flags::CUT;
+    }
+    let n = n & (PY_CODE_FILE * 2 - 1);
+    let n = if n > room { room } else { n };
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            dst as *mut c_void,
+            n as u32,
+            data as *const c_void,
+        )
+    };
+    if rc != 0 {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    }
+    (n as u16, kind as u8)
 }

@@ -89,6 +89,10 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         frame_owner,
         frame_is_entry,
         code_ids: PY_NO_OFFSET,
+        code_firstlineno: PY_NO_OFFSET,
+        str_ascii_data: 0,
+        str_compact_data: 0,
+        generation: 0,
     };
     let (walk, code, ascii_size, compact_size) = match (major, minor) {
         (3, 11) => (
@@ -178,6 +182,7 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
             frame_owner: frame_field(33)?,
             frame_is_entry: PY_NO_OFFSET,
             code_ids: PY_NO_OFFSET,
+            ..base.walk
         },
         code: CodeLayout {
             filename: word(35)?,
