@@ -217,7 +217,8 @@ pub struct PyProcess {
     /// `PyInterpreterState.next`, `.threads.head`.
     pub interp_next: u32,
     pub interp_threads_head: u32,
-    /// `PyThreadState.next`, `.native_thread_id`.
+    /// `PyThreadState.prev`, `.next`, `.native_thread_id`.
+    pub tstate_prev: u32,
     pub tstate_next: u32,
     pub tstate_native_thread_id: u32,
     /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13+).

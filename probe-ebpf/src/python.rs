@@ -77,7 +77,7 @@ fn read_u64(addr: u64) -> Option<u64> {
 
 /// Sends the Python stack of the current thread if its process runs a known CPython.
 #[inline(never)]
-pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
+pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
     if offsets().python_stacks == 0 {
         return;
     }
@@ -95,7 +95,7 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
     ev.pid = tgid;
     ev.tid = tid;
     ev.ts_ns = ts_ns;
-    ev.tstate = find_thread_state(&p, tid);
+    ev.tstate = find_thread_state(&p, tid, sp);
     if ev.tstate == 0 {
         ev.flags |= py_flags::NO_THREAD_STATE;
         output(ev, 0);
@@ -142,16 +142,24 @@ fn output(ev: &PyStackEvent, frames: usize) {
     }
 }
 
-/// The thread's `PyThreadState`: the cached one if it still names this thread, else a walk of
-/// every interpreter's thread list. 0 when the thread has none.
+/// The thread's `PyThreadState`: the cached one if it still names this thread and is still in
+/// its interpreter's list (a freed one may still hold the thread's id), else a walk of every
+/// interpreter's thread list. 0 when the thread has none.
 ///
-/// With sub-interpreters a thread has one thread state per interpreter it has run code in,
-/// all with its `native_thread_id` (3.12 keeps the one `_xxsubinterpreters` made at `create`
-/// until `destroy`; 3.13 makes one per `exec`), so while several interpreters are alive the
-/// cache is not used and the candidates are compared: the one running Python code the most
-/// recently entered (see [`ThreadFind::consider`]).
+/// `native_thread_id` names the thread that *made* a state, which is not always the one that
+/// runs it: 3.11 and 3.12 set it when a state is created (`PyThreadState_New` on one thread for
+/// use on another, 3.11's `threading` until the new thread starts, 3.12's `_xxsubinterpreters`
+/// state made at `create` and run from another thread by `run_string`), and a thread that runs
+/// a sub-interpreter has a state in each interpreter. So in 3.11 and 3.12 the state that runs
+/// on this thread is the one whose `cframe` (on the C stack of the innermost interpreter loop
+/// running that state's code) is lowest on this thread's stack: between the stack pointer and
+/// the thread's own state's `cframe` (which is on this stack), whichever thread made it. 3.13
+/// has no such pointer; its sub-interpreters make a state per `exec` on the running thread,
+/// put at the head of their interpreter, newer interpreters first: the first state of the
+/// thread with frames is taken.
+/// Only a thread with one state, found unambiguous, is cached.
 #[inline(always)]
-fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
+fn find_thread_state(p: &PyProcess, tid: u32, sp: u64) -> u64 {
     let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
         return 0;
     };
@@ -159,7 +167,9 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
     if !several {
         if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
             let t = *t;
-            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64) {
+            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64)
+                && still_listed(p, interp, t)
+            {
                 return t;
             }
         }
@@ -169,10 +179,14 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
         interp,
         tstate: 0,
         tid: tid as u64,
+        sp,
         found: 0,
+        matches: 0,
         several: several as u64,
-        best: 0,
-        best_anchor: u64::MAX,
+        first_running: 0,
+        home_anchor: u64::MAX,
+        low: 0,
+        low_anchor: u64::MAX,
     };
     unsafe {
         bpf_loop(
@@ -182,18 +196,25 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
             0,
         )
     };
-    if several {
-        // Nothing runs: the first thread state of the thread, whose marker says so.
-        return if find.best != 0 {
-            find.best
-        } else {
-            find.found
-        };
+    let chosen = find.choice();
+    if !several && find.matches == 1 && chosen == find.found {
+        let _ = PY_THREADS.insert(&tid, &chosen, 0);
+    } else {
+        let _ = PY_THREADS.remove(&tid);
     }
-    if find.found != 0 {
-        let _ = PY_THREADS.insert(&tid, &find.found, 0);
+    chosen
+}
+
+/// Whether thread state `t` is still linked in the (only) interpreter's list `interp`: its
+/// `prev` names it as `next`, or it is the head. A freed state is not (the allocator writes its
+/// free-list links over `prev` and `next`).
+#[inline(always)]
+fn still_listed(p: &PyProcess, interp: u64, t: u64) -> bool {
+    match read_u64(t + p.tstate_prev as u64) {
+        Some(0) => read_u64(interp + p.interp_threads_head as u64) == Some(t),
+        Some(prev) => read_u64(prev + p.tstate_next as u64) == Some(t),
+        None => false,
     }
-    find.found
 }
 
 #[repr(C)]
@@ -204,45 +225,79 @@ struct ThreadFind {
     /// The thread state to look at next (0: take the next interpreter's list).
     tstate: u64,
     tid: u64,
-    /// The first thread state of the thread.
+    /// The stack pointer at the probe.
+    sp: u64,
+    /// The first state that names the thread, and how many do.
     found: u64,
-    /// Several interpreters: look at every thread state of the thread (else stop at the first).
+    matches: u64,
+    /// Several interpreters are alive.
     several: u64,
-    /// The chosen one so far and its anchor (see [`ThreadFind::consider`]).
-    best: u64,
-    best_anchor: u64,
+    /// 3.13: the first state of the thread with a current frame.
+    first_running: u64,
+    /// 3.11, 3.12: the lowest `cframe` at or above `sp` among the states that name the thread,
+    /// and the state with the lowest `cframe` at or above `sp` of all.
+    home_anchor: u64,
+    low: u64,
+    low_anchor: u64,
 }
 
 impl ThreadFind {
-    /// Weighs a thread state of the thread among others. A state with no current frame
-    /// runs nothing. 3.11 and 3.12: `cframe` points into the C stack of the innermost
-    /// interpreter loop running that state's code, so the lowest one (the stack grows down)
-    /// is the state entered last: a sub-interpreter's, below the main interpreter's loop that
-    /// called it. 3.13 has no such pointer; its thread states are made per `exec` and put at
-    /// the head of their interpreter, newer interpreters first: the first one with frames.
+    /// Weighs one thread state (see [`find_thread_state`]).
     #[inline(always)]
     fn consider(&mut self, tstate: u64) {
+        let mine = read_u64(tstate + self.p.tstate_native_thread_id as u64) == Some(self.tid);
+        if mine {
+            if self.found == 0 {
+                self.found = tstate;
+            }
+            self.matches += 1;
+        }
         let Some(frame) = read_u64(tstate + self.p.tstate_frame as u64) else {
             return;
         };
         if frame == 0 {
             return;
         }
-        let anchor = if self.p.cframe_current_frame == PY_NO_OFFSET {
+        if self.p.cframe_current_frame == PY_NO_OFFSET {
             // 3.13: the order of the walk decides.
-            if self.best != 0 {
-                return;
+            if mine && self.first_running == 0 {
+                self.first_running = tstate;
             }
-            0
+            return;
+        }
+        // 3.11, 3.12: `frame` is the `cframe`; a state that runs no code points it at the
+        // `root_cframe` inside itself, with no current frame.
+        let anchor = frame;
+        if anchor < self.sp {
+            return;
+        }
+        match read_u64(anchor + self.p.cframe_current_frame as u64) {
+            Some(current) if current != 0 => {}
+            _ => return,
+        }
+        if mine && anchor < self.home_anchor {
+            self.home_anchor = anchor;
+        }
+        if anchor < self.low_anchor {
+            self.low = tstate;
+            self.low_anchor = anchor;
+        }
+    }
+
+    /// The state that runs on the thread (else the first that names it: it runs nothing).
+    #[inline(always)]
+    fn choice(&self) -> u64 {
+        if self.p.cframe_current_frame != PY_NO_OFFSET {
+            // `low` is at or below the thread's own state's `cframe`: on this stack.
+            if self.home_anchor != u64::MAX && self.low_anchor <= self.home_anchor {
+                return self.low;
+            }
+            return self.found;
+        }
+        if self.first_running != 0 {
+            self.first_running
         } else {
-            match read_u64(frame + self.p.cframe_current_frame as u64) {
-                Some(current) if current != 0 => frame,
-                _ => return,
-            }
-        };
-        if self.best == 0 || anchor < self.best_anchor {
-            self.best = tstate;
-            self.best_anchor = anchor;
+            self.found
         }
     }
 }
@@ -258,17 +313,9 @@ extern "C" fn find_step(_index: u32, ctx: *mut c_void) -> i64 {
         f.interp = read_u64(f.interp + f.p.interp_next as u64).unwrap_or(0);
         return 0;
     }
-    if read_u64(f.tstate + f.p.tstate_native_thread_id as u64) == Some(f.tid) {
-        if f.found == 0 {
-            f.found = f.tstate;
-        }
-        if f.several == 0 {
-            return 1;
-        }
-        let t = f.tstate;
-        f.consider(t);
-    }
-    f.tstate = read_u64(f.tstate + f.p.tstate_next as u64).unwrap_or(0);
+    let t = f.tstate;
+    f.consider(t);
+    f.tstate = read_u64(t + f.p.tstate_next as u64).unwrap_or(0);
     0
 }
 
