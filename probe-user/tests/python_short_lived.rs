@@ -178,7 +178,7 @@ fn frames_of_code_objects_freed_right_after_the_call_are_the_programs_own() {
             for (addr, stack) in &want {
                 assert_eq!(&rows[addr], stack, "{what}: Python stack of {addr:#x}");
             }
-            eprintln!("python {version}, {what}: every frame is the program's own");
+            eprintln!("python {what}: every frame is the program's own");
         }
     }
 }

@@ -177,6 +177,15 @@ impl PyProc {
         {
             return;
         }
+        // A name longer than BPF's room (its line table whole, yet cut): read whole now, while
+        // the code object is most likely alive; the cut one if it is gone.
+        if r.flags & py_code_flags::CUT != 0
+            && r.table_complete
+            && let Some(whole) = self.read_code(r.code).filter(|w| w.info.ids == r.ids)
+        {
+            self.codes.insert((r.code, r.ids), whole);
+            return;
+        }
         let info = CodeInfo {
             filename: r.filename,
             name: r.name,
