@@ -5,9 +5,11 @@
 //! `Py_Version`, and hands the BPF side the structure offsets of that version
 //! ([`layout_for`]; checked against the interpreters' own headers by tests/python_stacks.rs).
 //! At each traced call BPF sends the thread's frame chain: code object and instruction
-//! pointer per frame. Here each code object is read once from `/proc/PID/mem` (read only:
-//! name, file, first line, line table) and cached by address, and the instruction offset is
-//! turned into a line with the location table format of 3.11+ (PEP 626/657).
+//! pointer per frame; a code object seen for the first time in the process comes whole just
+//! before (names, first line, line table: [`CodeRecord`], copied at the call while it is surely
+//! alive). Code objects are kept by address and identity for the life of the process; one with
+//! no record is read from `/proc/PID/mem` (read only). The instruction offset is turned into a
+//! line with the location table format of 3.11+ (PEP 626/657).
 //!
 //! The text is msMemScope's: `file(line): function`, one frame per line, innermost first, each
 //! line ending in `\n`. What cannot be read is said in the stack, never guessed:
@@ -15,8 +17,9 @@
 //! `[python: code object unreadable]`, `[python: frame chain unreadable]`, `[truncated]`.
 //!
 //! Here: per-process state and resolving a sample; `pystacks/layouts.rs` holds the version
-//! tables and finds CPython, `pystacks/memory.rs` reads code objects from the process,
-//! `pystacks/format.rs` writes frames, markers and the mixed C/Python view.
+//! tables and finds CPython, `pystacks/memory.rs` takes code objects from BPF's records or reads
+//! them from the process, `pystacks/format.rs` writes frames, markers and the mixed C/Python
+//! view.
 
 mod format;
 mod layouts;
