@@ -147,9 +147,9 @@ fn output(ev: &PyStackEvent, frames: usize) {
 /// interpreter's thread list. 0 when the thread has none.
 ///
 /// `native_thread_id` names the thread that *made* a state, which is not always the one that
-/// runs it: 3.11 and 3.12 set it when a state is created (`PyThreadState_New` on one thread for
-/// use on another, 3.11's `threading` until the new thread starts, 3.12's `_xxsubinterpreters`
-/// state made at `create` and run from another thread by `run_string`), and a thread that runs
+/// runs it: `PyThreadState_New` sets it to the calling thread (a state made on one thread for
+/// use on another; the state 3.11's and 3.12's `_xxsubinterpreters` make at `create` and run
+/// from another thread by `run_string`), and a thread that runs
 /// a sub-interpreter has a state in each interpreter. So in 3.11 and 3.12 the state that runs
 /// on this thread is the one whose `cframe` (on the C stack of the innermost interpreter loop
 /// running that state's code) is lowest on this thread's stack: between the stack pointer and
