@@ -217,7 +217,8 @@ pub struct PyProcess {
     /// `PyInterpreterState.next`, `.threads.head`.
     pub interp_next: u32,
     pub interp_threads_head: u32,
-    /// `PyThreadState.next`, `.native_thread_id`.
+    /// `PyThreadState.prev`, `.next`, `.native_thread_id`.
+    pub tstate_prev: u32,
     pub tstate_next: u32,
     pub tstate_native_thread_id: u32,
     /// `PyThreadState.cframe` (3.11, 3.12) or `.current_frame` (3.13+).
@@ -234,7 +235,68 @@ pub struct PyProcess {
     /// `PyCodeObject.co_filename` when `co_name`, `co_qualname` and `co_linetable` follow it:
     /// BPF reads the four at each frame ([`py_code_ids`]); [`PY_NO_OFFSET`] for none.
     pub code_ids: u32,
+    /// `PyCodeObject.co_firstlineno` (read with the names at first sight: [`PyCodeEvent`]).
+    pub code_firstlineno: u32,
+    /// Where a compact `str`'s characters start: `sizeof(PyASCIIObject)` for ASCII ones,
+    /// `sizeof(PyCompactUnicodeObject)` for the others.
+    pub str_ascii_data: u32,
+    pub str_compact_data: u32,
+    /// Changed by user space each time it (re)configures the process: BPF's record of the code
+    /// objects it has sent is keyed by it, so a process seen anew (exec) gets them sent again.
+    pub generation: u32,
 }
+
+/// A code object at first sight (`--call-stack=python`): its names, first line and line table
+/// as they are at the call, sent once per process and code object (address and identity)
+/// before the first [`PyStackEvent`] that names it, so that user space never has to read a
+/// code object that may be freed by then (module code when the script ends, `exec`'d code,
+/// lambdas). Only the first `PY_CODE_HEADER + table_len` bytes are sent.
+pub const PYCODE_KIND: u16 = 10;
+/// Bytes of a code object's file name, name and qualified name a [`PyCodeEvent`] holds.
+pub const PY_CODE_FILE: usize = 512;
+pub const PY_CODE_NAME: usize = 256;
+/// Bytes of a line table a [`PyCodeEvent`] holds (a longer one is cut and flagged).
+pub const PY_CODE_TABLE: usize = 4096;
+
+/// Bits of [`PyCodeEvent::flags`].
+pub mod py_code_flags {
+    /// A name was unreadable or not a compact string: the record cannot be used.
+    pub const NAME_UNREADABLE: u16 = 1 << 0;
+    /// The line table was unreadable.
+    pub const TABLE_UNREADABLE: u16 = 1 << 1;
+    /// A name or the line table was longer than its room: only its start is here.
+    pub const CUT: u16 = 1 << 2;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyCodeEvent {
+    pub kind: u16,
+    pub flags: u16,
+    pub pid: u32,
+    /// The code object's address and its [`py_code_ids`] (as in [`PyFrameRecord::meta`]).
+    pub code: u64,
+    pub ids: u64,
+    pub firstlineno: i32,
+    /// Valid bytes of `table`, and the line table's length in the process.
+    pub table_len: u32,
+    pub table_full_len: u32,
+    /// Valid bytes of each name and its character width (1, 2 or 4 bytes; `str` kinds).
+    pub file_len: u16,
+    pub name_len: u16,
+    pub qualname_len: u16,
+    pub file_kind: u8,
+    pub name_kind: u8,
+    pub qualname_kind: u8,
+    pub _pad: [u8; 11],
+    pub file: [u8; PY_CODE_FILE],
+    pub name: [u8; PY_CODE_NAME],
+    pub qualname: [u8; PY_CODE_NAME],
+    pub table: [u8; PY_CODE_TABLE],
+}
+
+/// Size of a [`PyCodeEvent`] without its line table.
+pub const PY_CODE_HEADER: usize = core::mem::offset_of!(PyCodeEvent, table);
 
 /// Chunks a `BATCH` probe emits at most per call (more elements are counted as dropped).
 pub const MAX_CHUNKS: u32 = 4096;

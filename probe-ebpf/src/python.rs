@@ -1,8 +1,10 @@
 //! Python stacks (`--call-stack=python`): at a traced call of a process that runs CPython,
 //! find the calling thread's `PyThreadState` (the interpreters' thread lists, matched by
 //! `native_thread_id`, cached per thread while one interpreter runs) and send its
-//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. User space
-//! reads the code objects and line tables. The thread is inside the probe, so its own chain
+//! `_PyInterpreterFrame` chain: each frame's code object and instruction pointer. A code
+//! object seen for the first time in a process is sent whole before the stack (names, first
+//! line, line table: [`PyCodeEvent`]), so that user space never reads one that may be freed by
+//! then. The thread is inside the probe, so its own chain
 //! cannot change while it is read; a failed read or a chain that loops is still flagged, never
 //! followed further.
 
@@ -14,8 +16,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use probe_common::{
-    PY_FRAME_HAS_IDS, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYSTACK_KIND,
-    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_ids, py_flags,
+    PY_CODE_FILE, PY_CODE_HEADER, PY_CODE_NAME, PY_CODE_TABLE, PY_FRAME_HAS_IDS, PY_FRAME_READ,
+    PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYCODE_KIND, PYSTACK_KIND, PyCodeEvent,
+    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags, py_code_ids, py_flags,
 };
 
 use crate::{
@@ -33,6 +36,23 @@ static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0)
 
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// A code object already sent to user space ([`PyCodeEvent`]): process (and its
+/// configuration's generation), address and identity.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CodeKey {
+    tgid: u32,
+    generation: u32,
+    code: u64,
+    ids: u64,
+}
+
+#[map]
+static PY_CODES_SENT: LruHashMap<CodeKey, u8> = LruHashMap::with_max_entries(65536, 0);
+
+#[map]
+static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// One frame's bytes; room past `PY_FRAME_READ` so a masked field offset stays in bounds.
 #[repr(C)]
@@ -64,7 +84,7 @@ pub fn runs_python(tgid: u32) -> bool {
 
 /// Sends the Python stack of the current thread if its process runs a known CPython.
 #[inline(never)]
-pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
+pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
     if offsets().python_stacks == 0 {
         return;
     }
@@ -82,7 +102,7 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
     ev.pid = tgid;
     ev.tid = tid;
     ev.ts_ns = ts_ns;
-    ev.tstate = find_thread_state(&p, tid);
+    ev.tstate = find_thread_state(&p, tid, sp);
     if ev.tstate == 0 {
         ev.flags |= py_flags::NO_THREAD_STATE;
         output(ev, 0);
@@ -103,6 +123,7 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64) {
         p,
         frame: first,
         n: 0,
+        tgid,
     };
     unsafe {
         bpf_loop(
@@ -128,16 +149,24 @@ fn output(ev: &PyStackEvent, frames: usize) {
     }
 }
 
-/// The thread's `PyThreadState`: the cached one if it still names this thread, else a walk of
-/// every interpreter's thread list. 0 when the thread has none.
+/// The thread's `PyThreadState`: the cached one if it still names this thread and is still in
+/// its interpreter's list (a freed one may still hold the thread's id), else a walk of every
+/// interpreter's thread list. 0 when the thread has none.
 ///
-/// With sub-interpreters a thread has one thread state per interpreter it has run code in,
-/// all with its `native_thread_id` (3.12 keeps the one `_xxsubinterpreters` made at `create`
-/// until `destroy`; 3.13 makes one per `exec`), so while several interpreters are alive the
-/// cache is not used and the candidates are compared: the one running Python code the most
-/// recently entered (see [`ThreadFind::consider`]).
+/// `native_thread_id` names the thread that *made* a state, which is not always the one that
+/// runs it: `PyThreadState_New` sets it to the calling thread (a state made on one thread for
+/// use on another; the state 3.11's and 3.12's `_xxsubinterpreters` make at `create` and run
+/// from another thread by `run_string`), and a thread that runs
+/// a sub-interpreter has a state in each interpreter. So in 3.11 and 3.12 the state that runs
+/// on this thread is the one whose `cframe` (on the C stack of the innermost interpreter loop
+/// running that state's code) is lowest on this thread's stack: between the stack pointer and
+/// the thread's own state's `cframe` (which is on this stack), whichever thread made it. 3.13
+/// has no such pointer; its sub-interpreters make a state per `exec` on the running thread,
+/// put at the head of their interpreter, newer interpreters first: the first state of the
+/// thread with frames is taken.
+/// Only a thread with one state, found unambiguous, is cached.
 #[inline(always)]
-fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
+fn find_thread_state(p: &PyProcess, tid: u32, sp: u64) -> u64 {
     let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
         return 0;
     };
@@ -145,7 +174,9 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
     if !several {
         if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
             let t = *t;
-            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64) {
+            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64)
+                && still_listed(p, interp, t)
+            {
                 return t;
             }
         }
@@ -155,10 +186,14 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
         interp,
         tstate: 0,
         tid: tid as u64,
+        sp,
         found: 0,
+        matches: 0,
         several: several as u64,
-        best: 0,
-        best_anchor: u64::MAX,
+        first_running: 0,
+        home_anchor: u64::MAX,
+        low: 0,
+        low_anchor: u64::MAX,
     };
     unsafe {
         bpf_loop(
@@ -168,18 +203,25 @@ fn find_thread_state(p: &PyProcess, tid: u32) -> u64 {
             0,
         )
     };
-    if several {
-        // Nothing runs: the first thread state of the thread, whose marker says so.
-        return if find.best != 0 {
-            find.best
-        } else {
-            find.found
-        };
+    let chosen = find.choice();
+    if !several && find.matches == 1 && chosen == find.found {
+        let _ = PY_THREADS.insert(&tid, &chosen, 0);
+    } else {
+        let _ = PY_THREADS.remove(&tid);
     }
-    if find.found != 0 {
-        let _ = PY_THREADS.insert(&tid, &find.found, 0);
+    chosen
+}
+
+/// Whether thread state `t` is still linked in the (only) interpreter's list `interp`: its
+/// `prev` names it as `next`, or it is the head. A freed state is not (the allocator writes its
+/// free-list links over `prev` and `next`).
+#[inline(always)]
+fn still_listed(p: &PyProcess, interp: u64, t: u64) -> bool {
+    match read_u64(t + p.tstate_prev as u64) {
+        Some(0) => read_u64(interp + p.interp_threads_head as u64) == Some(t),
+        Some(prev) => read_u64(prev + p.tstate_next as u64) == Some(t),
+        None => false,
     }
-    find.found
 }
 
 #[repr(C)]
@@ -190,45 +232,79 @@ struct ThreadFind {
     /// The thread state to look at next (0: take the next interpreter's list).
     tstate: u64,
     tid: u64,
-    /// The first thread state of the thread.
+    /// The stack pointer at the probe.
+    sp: u64,
+    /// The first state that names the thread, and how many do.
     found: u64,
-    /// Several interpreters: look at every thread state of the thread (else stop at the first).
+    matches: u64,
+    /// Several interpreters are alive.
     several: u64,
-    /// The chosen one so far and its anchor (see [`ThreadFind::consider`]).
-    best: u64,
-    best_anchor: u64,
+    /// 3.13: the first state of the thread with a current frame.
+    first_running: u64,
+    /// 3.11, 3.12: the lowest `cframe` at or above `sp` among the states that name the thread,
+    /// and the state with the lowest `cframe` at or above `sp` of all.
+    home_anchor: u64,
+    low: u64,
+    low_anchor: u64,
 }
 
 impl ThreadFind {
-    /// Weighs a thread state of the thread among others. A state with no current frame
-    /// runs nothing. 3.11 and 3.12: `cframe` points into the C stack of the innermost
-    /// interpreter loop running that state's code, so the lowest one (the stack grows down)
-    /// is the state entered last: a sub-interpreter's, below the main interpreter's loop that
-    /// called it. 3.13 has no such pointer; its thread states are made per `exec` and put at
-    /// the head of their interpreter, newer interpreters first: the first one with frames.
+    /// Weighs one thread state (see [`find_thread_state`]).
     #[inline(always)]
     fn consider(&mut self, tstate: u64) {
+        let mine = read_u64(tstate + self.p.tstate_native_thread_id as u64) == Some(self.tid);
+        if mine {
+            if self.found == 0 {
+                self.found = tstate;
+            }
+            self.matches += 1;
+        }
         let Some(frame) = read_u64(tstate + self.p.tstate_frame as u64) else {
             return;
         };
         if frame == 0 {
             return;
         }
-        let anchor = if self.p.cframe_current_frame == PY_NO_OFFSET {
+        if self.p.cframe_current_frame == PY_NO_OFFSET {
             // 3.13: the order of the walk decides.
-            if self.best != 0 {
-                return;
+            if mine && self.first_running == 0 {
+                self.first_running = tstate;
             }
-            0
+            return;
+        }
+        // 3.11, 3.12: `frame` is the `cframe`; a state that runs no code points it at the
+        // `root_cframe` inside itself, with no current frame.
+        let anchor = frame;
+        if anchor < self.sp {
+            return;
+        }
+        match read_u64(anchor + self.p.cframe_current_frame as u64) {
+            Some(current) if current != 0 => {}
+            _ => return,
+        }
+        if mine && anchor < self.home_anchor {
+            self.home_anchor = anchor;
+        }
+        if anchor < self.low_anchor {
+            self.low = tstate;
+            self.low_anchor = anchor;
+        }
+    }
+
+    /// The state that runs on the thread (else the first that names it: it runs nothing).
+    #[inline(always)]
+    fn choice(&self) -> u64 {
+        if self.p.cframe_current_frame != PY_NO_OFFSET {
+            // `low` is at or below the thread's own state's `cframe`: on this stack.
+            if self.home_anchor != u64::MAX && self.low_anchor <= self.home_anchor {
+                return self.low;
+            }
+            return self.found;
+        }
+        if self.first_running != 0 {
+            self.first_running
         } else {
-            match read_u64(frame + self.p.cframe_current_frame as u64) {
-                Some(current) if current != 0 => frame,
-                _ => return,
-            }
-        };
-        if self.best == 0 || anchor < self.best_anchor {
-            self.best = tstate;
-            self.best_anchor = anchor;
+            self.found
         }
     }
 }
@@ -244,17 +320,9 @@ extern "C" fn find_step(_index: u32, ctx: *mut c_void) -> i64 {
         f.interp = read_u64(f.interp + f.p.interp_next as u64).unwrap_or(0);
         return 0;
     }
-    if read_u64(f.tstate + f.p.tstate_native_thread_id as u64) == Some(f.tid) {
-        if f.found == 0 {
-            f.found = f.tstate;
-        }
-        if f.several == 0 {
-            return 1;
-        }
-        let t = f.tstate;
-        f.consider(t);
-    }
-    f.tstate = read_u64(f.tstate + f.p.tstate_next as u64).unwrap_or(0);
+    let t = f.tstate;
+    f.consider(t);
+    f.tstate = read_u64(t + f.p.tstate_next as u64).unwrap_or(0);
     0
 }
 
@@ -263,6 +331,7 @@ struct FrameWalk {
     p: PyProcess,
     frame: u64,
     n: u32,
+    tgid: u32,
 }
 
 /// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
@@ -321,7 +390,17 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     if w.p.code_ids != PY_NO_OFFSET && code != 0 {
         let at = code.wrapping_add(w.p.code_ids as u64);
         if let Ok(words) = unsafe { bpf_probe_read_user(at as *const [u64; 4]) } {
-            meta |= PY_FRAME_HAS_IDS | (py_code_ids(words) << 32);
+            let ids = py_code_ids(words);
+            meta |= PY_FRAME_HAS_IDS | (ids << 32);
+            let key = CodeKey {
+                tgid: w.tgid,
+                generation: w.p.generation,
+                code,
+                ids,
+            };
+            if unsafe { PY_CODES_SENT.get(&key) }.is_none() {
+                send_code(&w.p, &key, &words);
+            }
         }
     }
     let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
@@ -337,4 +416,132 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     }
     w.frame = previous;
     0
+}
+
+/// Sends a code object seen for the first time ([`PyCodeEvent`]), and remembers it once the
+/// record is in the ring buffer (a record lost to a full buffer is sent again next time).
+/// `words`: its `co_filename`, `co_name`, `co_qualname` and `co_linetable` pointers.
+#[inline(never)]
+fn send_code(p: &PyProcess, key: &CodeKey, words: &[u64; 4]) {
+    let Some(ev) = PY_CODE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let ev = unsafe { &mut *ev };
+    ev.kind = PYCODE_KIND;
+    ev.flags = 0;
+    ev.pid = key.tgid;
+    ev.code = key.code;
+    ev.ids = key.ids;
+    ev.firstlineno = unsafe {
+        bpf_probe_read_user(key.code.wrapping_add(p.code_firstlineno as u64) as *const i32)
+    }
+    .unwrap_or(0);
+    let (len, kind) = read_name(
+        p,
+        words[0],
+        ev.file.as_mut_ptr(),
+        PY_CODE_FILE,
+        &mut ev.flags,
+    );
+    ev.file_len = len;
+    ev.file_kind = kind;
+    let (len, kind) = read_name(
+        p,
+        words[1],
+        ev.name.as_mut_ptr(),
+        PY_CODE_NAME,
+        &mut ev.flags,
+    );
+    ev.name_len = len;
+    ev.name_kind = kind;
+    let (len, kind) = read_name(
+        p,
+        words[2],
+        ev.qualname.as_mut_ptr(),
+        PY_CODE_NAME,
+        &mut ev.flags,
+    );
+    ev.qualname_len = len;
+    ev.qualname_kind = kind;
+    // A `bytes` object: `ob_size` at 16, the bytes from 32 (3.11 to 3.13).
+    let table = words[3];
+    let full = read_u64(table.wrapping_add(16));
+    let mut n = 0usize;
+    match full {
+        Some(full) if full <= u32::MAX as u64 => {
+            ev.table_full_len = full as u32;
+            n = full as usize;
+            if n > PY_CODE_TABLE {
+                n = PY_CODE_TABLE;
+                ev.flags |= py_code_flags::CUT;
+            }
+            let rc = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    ev.table.as_mut_ptr() as *mut c_void,
+                    n as u32,
+                    table.wrapping_add(32) as *const c_void,
+                )
+            };
+            if rc != 0 {
+                n = 0;
+                ev.flags |= py_code_flags::TABLE_UNREADABLE;
+            }
+        }
+        _ => {
+            ev.table_full_len = 0;
+            ev.flags |= py_code_flags::TABLE_UNREADABLE;
+        }
+    }
+    ev.table_len = n as u32;
+    let len = PY_CODE_HEADER + (n & (2 * PY_CODE_TABLE - 1)).min(PY_CODE_TABLE);
+    let bytes = unsafe { core::slice::from_raw_parts(ev as *const PyCodeEvent as *const u8, len) };
+    if EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
+        bump(counter::RINGBUF_FULL);
+        return;
+    }
+    let _ = PY_CODES_SENT.insert(key, &1, 0);
+}
+
+/// Copies a compact `str`'s characters (at most `room` bytes) to `dst`: (bytes copied,
+/// character width). Flags a string that cannot be read or was cut.
+#[inline(always)]
+fn read_name(p: &PyProcess, addr: u64, dst: *mut u8, room: usize, flags: &mut u16) -> (u16, u8) {
+    // `PyASCIIObject.length` at 16 and `.state` at 32 (3.11 to 3.13).
+    let (Some(len), Ok(state)) = (read_u64(addr.wrapping_add(16)), unsafe {
+        bpf_probe_read_user(addr.wrapping_add(32) as *const u32)
+    }) else {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    };
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1 != 0;
+    let ascii = (state >> 6) & 1 != 0;
+    if !compact || !(kind == 1 || kind == 2 || kind == 4) || len > (1 << 16) {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    }
+    let data = addr.wrapping_add(if ascii {
+        p.str_ascii_data
+    } else {
+        p.str_compact_data
+    } as u64);
+    let mut n = (len * kind as u64) as usize;
+    if n > room {
+        n = room;
+        *flags |= py_code_flags::CUT;
+    }
+    let n = n & (PY_CODE_FILE * 2 - 1);
+    let n = if n > room { room } else { n };
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            dst as *mut c_void,
+            n as u32,
+            data as *const c_void,
+        )
+    };
+    if rc != 0 {
+        *flags |= py_code_flags::NAME_UNREADABLE;
+        return (0, 0);
+    }
+    (n as u16, kind as u8)
 }

@@ -20,7 +20,11 @@ static STACK_SCRATCH: PerCpuArray<StackEvent> = PerCpuArray::with_max_entries(1,
 /// frame-pointer walk, and as much of the user stack above sp as can be read, up to 8 KiB.
 #[inline(always)]
 pub(crate) fn emit_stack(ctx: *mut c_void, tgid: u32, tid: u32, ts_ns: u64) {
-    python::emit_python_stack(tgid, tid, ts_ns);
+    #[cfg(bpf_target_arch = "x86_64")]
+    let sp = unsafe { (*(ctx as *const aya_ebpf::bindings::pt_regs)).rsp };
+    #[cfg(bpf_target_arch = "aarch64")]
+    let sp = unsafe { (*(ctx as *const aya_ebpf::bindings::user_pt_regs)).sp };
+    python::emit_python_stack(tgid, tid, ts_ns, sp);
     if offsets().capture_stacks == 0 {
         return;
     }

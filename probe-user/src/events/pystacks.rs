@@ -5,9 +5,11 @@
 //! `Py_Version`, and hands the BPF side the structure offsets of that version
 //! ([`layout_for`]; checked against the interpreters' own headers by tests/python_stacks.rs).
 //! At each traced call BPF sends the thread's frame chain: code object and instruction
-//! pointer per frame. Here each code object is read once from `/proc/PID/mem` (read only:
-//! name, file, first line, line table) and cached by address, and the instruction offset is
-//! turned into a line with the location table format of 3.11+ (PEP 626/657).
+//! pointer per frame; a code object seen for the first time in the process comes whole just
+//! before (names, first line, line table: [`CodeRecord`], copied at the call while it is surely
+//! alive). Code objects are kept by address and identity for the life of the process; one with
+//! no record is read from `/proc/PID/mem` (read only). The instruction offset is turned into a
+//! line with the location table format of 3.11+ (PEP 626/657).
 //!
 //! The text is msMemScope's: `file(line): function`, one frame per line, innermost first, each
 //! line ending in `\n`. What cannot be read is said in the stack, never guessed:
@@ -15,8 +17,9 @@
 //! `[python: code object unreadable]`, `[python: frame chain unreadable]`, `[truncated]`.
 //!
 //! Here: per-process state and resolving a sample; `pystacks/layouts.rs` holds the version
-//! tables and finds CPython, `pystacks/memory.rs` reads code objects from the process,
-//! `pystacks/format.rs` writes frames, markers and the mixed C/Python view.
+//! tables and finds CPython, `pystacks/memory.rs` takes code objects from BPF's records or reads
+//! them from the process, `pystacks/format.rs` writes frames, markers and the mixed C/Python
+//! view.
 
 mod format;
 mod layouts;
@@ -41,6 +44,8 @@ pub use layouts::find_interpreter;
 pub use layouts::layout_for;
 pub use layouts::layout_from_debug_offsets;
 pub use memory::CodeInfo;
+pub use memory::CodeRecord;
+pub use memory::code_record_from_bytes;
 pub use memory::line_for_offset;
 pub use memory::read_code;
 
@@ -112,13 +117,16 @@ struct PyProc {
     mem: File,
     layout: PyLayout,
     code_type: u64,
-    codes: HashMap<u64, Option<Arc<CodeEntry>>>,
+    /// (address, identity) -> the code object.
+    codes: HashMap<(u64, u64), Arc<CodeEntry>>,
 }
 
 struct CodeEntry {
     info: CodeInfo,
     file: Arc<str>,
     function: Arc<str>,
+    /// The whole line table (not the start of it BPF had room for).
+    complete: bool,
 }
 
 /// Per-process Python state of a session: which processes run which CPython, and their code
@@ -129,6 +137,8 @@ pub struct PyStacks {
     /// The process `enable` last looked at (calls come in runs from one process: the next
     /// look without `again` there changes nothing, and this saves it two map lookups).
     last_looked: Option<u32>,
+    /// Counts configurations: BPF keys the code objects it has sent by it (`PyProcess`).
+    generation: u32,
 }
 
 /// What [`PyStacks::configure`] found, for the caller to hand to BPF.
@@ -146,6 +156,7 @@ impl PyStacks {
             depth,
             procs: HashMap::new(),
             last_looked: None,
+            generation: 0,
         }
     }
 
@@ -192,6 +203,11 @@ impl PyStacks {
         let mut walk = layout.walk;
         walk.runtime = interp.runtime;
         walk.code_ids = layout.code.ids_offset();
+        walk.code_firstlineno = layout.code.firstlineno as u32;
+        walk.str_ascii_data = layout.ascii_size as u32;
+        walk.str_compact_data = layout.compact_size as u32;
+        self.generation = self.generation.wrapping_add(1);
+        walk.generation = self.generation;
         self.procs.insert(
             pid,
             ProcState::Python(Box::new(PyProc {
@@ -245,6 +261,13 @@ impl PyStacks {
         }
     }
 
+    /// A code object BPF sent at its first sight in `pid`, before the samples that name it.
+    pub fn learn(&mut self, record: CodeRecord) {
+        if let Some(ProcState::Python(p)) = self.procs.get_mut(&record.pid) {
+            p.learn(record);
+        }
+    }
+
     /// The text for a call of `pid` that came without a Python sample.
     pub fn without_sample(&self, pid: u32) -> Arc<str> {
         Arc::from(
@@ -292,7 +315,7 @@ impl PyStacks {
             let frame = match p.code(f.code, ids) {
                 Some(c) => PyFrame::Code {
                     file: c.file.clone(),
-                    line: c.info.line_at(f.instr),
+                    line: p.line(&c, f.code, f.instr),
                     function: c.function.clone(),
                     entry: entries[k],
                 },

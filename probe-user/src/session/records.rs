@@ -28,6 +28,12 @@ impl Session {
             }
             return Ok(());
         }
+        if let Some(code) = pystacks::code_record_from_bytes(item) {
+            if let Some(py) = &mut self.python {
+                py.learn(code);
+            }
+            return Ok(());
+        }
         if let Some(sample) = stacks::sample_from_bytes(item) {
             self.events += 1;
             self.pending_stacks.insert(sample.tid, sample);

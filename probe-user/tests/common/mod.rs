@@ -633,3 +633,36 @@ pub fn log_lines<'a>(
 pub fn hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
 }
+
+/// The working `python3.M` interpreters of these minor versions.
+pub fn interpreters_of(minors: &[u32]) -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    for &minor in minors {
+        let name = format!("python3.{minor}");
+        let mut candidates: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(&name)).collect())
+            .unwrap_or_default();
+        if let Ok(dir) = std::fs::read_dir("/root/.pyenv/versions") {
+            let mut versions: Vec<PathBuf> = dir
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("3.{minor}.")))
+                })
+                .collect();
+            versions.sort();
+            candidates.extend(versions.into_iter().map(|v| v.join("bin").join(&name)));
+        }
+        // A pyenv shim fails for versions that are not selected: run each candidate.
+        if let Some(p) = candidates.into_iter().find(|p| {
+            std::process::Command::new(p)
+                .args(["-c", "import ctypes"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        }) {
+            found.push((format!("3.{minor}"), p));
+        }
+    }
+    found
+}

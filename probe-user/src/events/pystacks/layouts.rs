@@ -79,6 +79,7 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         interpreters_head,
         interp_next,
         interp_threads_head,
+        tstate_prev: 0,
         tstate_next: 8,
         tstate_native_thread_id,
         tstate_frame,
@@ -89,6 +90,10 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         frame_owner,
         frame_is_entry,
         code_ids: PY_NO_OFFSET,
+        code_firstlineno: PY_NO_OFFSET,
+        str_ascii_data: 0,
+        str_compact_data: 0,
+        generation: 0,
     };
     let (walk, code, ascii_size, compact_size) = match (major, minor) {
         (3, 11) => (
@@ -168,6 +173,7 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
             interpreters_head: small(5)?,
             interp_next: small(8)?,
             interp_threads_head: small(9)?,
+            tstate_prev: small(20)?,
             tstate_next: small(21)?,
             tstate_native_thread_id: small(25)?,
             tstate_frame: small(23)?,
@@ -178,6 +184,7 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
             frame_owner: frame_field(33)?,
             frame_is_entry: PY_NO_OFFSET,
             code_ids: PY_NO_OFFSET,
+            ..base.walk
         },
         code: CodeLayout {
             filename: word(35)?,

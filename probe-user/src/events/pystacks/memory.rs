@@ -1,9 +1,13 @@
-//! Reading the traced process's memory (read only, `/proc/PID/mem`): code objects, their
-//! names and line tables, cached by address.
+//! Code objects, their names and line tables: as BPF sent them at first sight, else read from
+//! the traced process's memory (read only, `/proc/PID/mem`); cached by address and identity.
 
 use super::layouts::{BYTES_DATA, OB_SIZE, OB_TYPE, PyLayout, STR_LENGTH, STR_STATE};
 use super::{CodeEntry, PyProc};
 use anyhow::{Context, Result, bail};
+use probe_common::{
+    PY_CODE_FILE, PY_CODE_HEADER, PY_CODE_NAME, PY_CODE_TABLE, PYCODE_KIND, PyCodeEvent,
+    py_code_flags,
+};
 use std::sync::Arc;
 use std::{fs::File, os::unix::fs::FileExt};
 
@@ -87,32 +91,164 @@ pub(super) fn signed_varint(bytes: &[u8]) -> Option<i64> {
     })
 }
 
+/// A code object as BPF sent it at its first sight in a process ([`PyCodeEvent`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeRecord {
+    pub pid: u32,
+    pub code: u64,
+    pub ids: u64,
+    pub flags: u16,
+    pub filename: String,
+    pub name: String,
+    pub qualname: String,
+    pub firstlineno: i32,
+    pub linetable: Vec<u8>,
+    /// The whole line table is here (else only its start: `py_code_flags::CUT`).
+    pub table_complete: bool,
+}
+
+/// Parses a PYCODE record; `None` for anything else.
+pub fn code_record_from_bytes(bytes: &[u8]) -> Option<CodeRecord> {
+    use std::mem::offset_of;
+    if bytes.len() < PY_CODE_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != PYCODE_KIND {
+        return None;
+    }
+    let u16_at = |o: usize| u16::from_ne_bytes([bytes[o], bytes[o + 1]]);
+    let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap());
+    let name = |at: usize, room: usize, len: usize, kind: usize| {
+        let len = (u16_at(len) as usize).min(room);
+        text(&bytes[at..at + len], bytes[kind])
+    };
+    let table_len = (u32_at(offset_of!(PyCodeEvent, table_len)) as usize)
+        .min(PY_CODE_TABLE)
+        .min(bytes.len() - PY_CODE_HEADER);
+    let full = u32_at(offset_of!(PyCodeEvent, table_full_len)) as usize;
+    Some(CodeRecord {
+        pid: u32_at(offset_of!(PyCodeEvent, pid)),
+        code: u64_at(offset_of!(PyCodeEvent, code)),
+        ids: u64_at(offset_of!(PyCodeEvent, ids)),
+        flags: u16_at(offset_of!(PyCodeEvent, flags)),
+        filename: name(
+            offset_of!(PyCodeEvent, file),
+            PY_CODE_FILE,
+            offset_of!(PyCodeEvent, file_len),
+            offset_of!(PyCodeEvent, file_kind),
+        ),
+        name: name(
+            offset_of!(PyCodeEvent, name),
+            PY_CODE_NAME,
+            offset_of!(PyCodeEvent, name_len),
+            offset_of!(PyCodeEvent, name_kind),
+        ),
+        qualname: name(
+            offset_of!(PyCodeEvent, qualname),
+            PY_CODE_NAME,
+            offset_of!(PyCodeEvent, qualname_len),
+            offset_of!(PyCodeEvent, qualname_kind),
+        ),
+        firstlineno: u32_at(offset_of!(PyCodeEvent, firstlineno)) as i32,
+        linetable: bytes[PY_CODE_HEADER..PY_CODE_HEADER + table_len].to_vec(),
+        table_complete: table_len == full,
+    })
+}
+
+/// The characters of a compact `str` (`kind`: bytes per character).
+fn text(bytes: &[u8], kind: u8) -> String {
+    match kind {
+        2 => bytes
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('?'))
+            .collect(),
+        4 => bytes
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes(c.try_into().unwrap())).unwrap_or('?'))
+            .collect(),
+        _ => bytes.iter().map(|&b| b as char).collect(),
+    }
+}
+
 impl PyProc {
-    /// The code object at `addr`, if it is still the one whose identity BPF read at the call
-    /// (`ids`): a cached entry of another identity was freed and replaced since it was read,
-    /// and is read again; a code object read now of another identity is not the one that ran.
+    /// Takes a code object BPF sent at first sight. A record with a name it could not read
+    /// is left out: the code object is read from the process instead, as before.
+    pub(super) fn learn(&mut self, r: CodeRecord) {
+        if r.flags & py_code_flags::NAME_UNREADABLE != 0
+            || r.flags & py_code_flags::TABLE_UNREADABLE != 0
+        {
+            return;
+        }
+        // A name longer than BPF's room (its line table whole, yet cut): read whole now, while
+        // the code object is most likely alive; the cut one if it is gone.
+        if r.flags & py_code_flags::CUT != 0
+            && r.table_complete
+            && let Some(whole) = self.read_code(r.code).filter(|w| w.info.ids == r.ids)
+        {
+            self.codes.insert((r.code, r.ids), whole);
+            return;
+        }
+        let info = CodeInfo {
+            filename: r.filename,
+            name: r.name,
+            qualname: r.qualname,
+            firstlineno: r.firstlineno,
+            linetable: r.linetable,
+            code_start: r.code + self.layout.code.code_adaptive,
+            ids: r.ids,
+        };
+        self.codes.insert(
+            (r.code, r.ids),
+            Arc::new(CodeEntry {
+                file: Arc::from(info.filename.as_str()),
+                function: Arc::from(info.name.as_str()),
+                complete: r.table_complete,
+                info,
+            }),
+        );
+    }
+
+    /// The code object at `addr` with the identity BPF read at the call (`ids`): the one BPF
+    /// sent at first sight, else read from the process now, if it is still that one (a code
+    /// object read now of another identity is not the one that ran).
     pub(super) fn code(&mut self, addr: u64, ids: Option<u64>) -> Option<Arc<CodeEntry>> {
-        let same = |c: &Arc<CodeEntry>| ids.is_none_or(|ids| c.info.ids == ids);
-        if let Some(Some(c)) = self.codes.get(&addr)
-            && same(c)
+        if let Some(ids) = ids
+            && let Some(c) = self.codes.get(&(addr, ids))
         {
             return Some(c.clone());
         }
-        let entry = read_code(&self.mem, &self.layout, self.code_type, addr)
+        let entry = self.read_code(addr)?;
+        // Failures are not cached: a later read may succeed.
+        let ids = ids.unwrap_or(entry.info.ids);
+        if entry.info.ids != ids {
+            return None;
+        }
+        self.codes.insert((addr, ids), entry.clone());
+        Some(entry)
+    }
+
+    /// The line of `instr` in a code object; a line table BPF had to cut is read whole from
+    /// the process when the line lies past the part it sent (while it is still the same).
+    pub(super) fn line(&mut self, c: &Arc<CodeEntry>, addr: u64, instr: u64) -> Option<i32> {
+        let line = c.info.line_at(instr);
+        if line.is_some() || c.complete {
+            return line;
+        }
+        let whole = self.read_code(addr).filter(|w| w.info.ids == c.info.ids)?;
+        self.codes.insert((addr, c.info.ids), whole.clone());
+        whole.info.line_at(instr)
+    }
+
+    fn read_code(&self, addr: u64) -> Option<Arc<CodeEntry>> {
+        read_code(&self.mem, &self.layout, self.code_type, addr)
             .map_err(|e| crate::log::debug(&format!("pid {}: Python frame: {e:#}", self.pid)))
             .ok()
             .map(|info| {
                 Arc::new(CodeEntry {
                     file: Arc::from(info.filename.as_str()),
                     function: Arc::from(info.name.as_str()),
+                    complete: true,
                     info,
                 })
-            });
-        // Failures are not cached: a later read may succeed.
-        if entry.is_some() {
-            self.codes.insert(addr, entry.clone());
-        }
-        entry.filter(same)
+            })
     }
 }
 

@@ -141,3 +141,62 @@ fn varints() {
     assert_eq!(signed_varint(&[0x04]), Some(2));
     assert_eq!(varint(&[0x40]), None);
 }
+
+#[test]
+fn a_code_record_gives_back_the_names_and_line_table_bpf_copied() {
+    use probe_common::{PY_CODE_HEADER, PYCODE_KIND, PyCodeEvent, py_code_flags};
+    // SAFETY: plain integers and byte arrays; all zeroes is a valid value.
+    let mut ev: PyCodeEvent = unsafe { std::mem::zeroed() };
+    ev.kind = PYCODE_KIND;
+    ev.pid = 42;
+    ev.code = 0x7f00_0000_1000;
+    ev.ids = 0xdead_beef;
+    ev.firstlineno = 17;
+    ev.file[..6].copy_from_slice(b"/a.py\0");
+    ev.file_len = 5;
+    ev.file_kind = 1;
+    // "é" as a 2-byte-wide string, "fn" as 4-byte.
+    ev.name[..2].copy_from_slice(&0xe9u16.to_le_bytes());
+    ev.name_len = 2;
+    ev.name_kind = 2;
+    ev.qualname[..8].copy_from_slice(&[b'f', 0, 0, 0, b'n', 0, 0, 0]);
+    ev.qualname_len = 8;
+    ev.qualname_kind = 4;
+    ev.table[..3].copy_from_slice(&[0x80 | (13 << 3), 0x04, 0x80]);
+    ev.table_len = 3;
+    ev.table_full_len = 3;
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &ev as *const PyCodeEvent as *const u8,
+            PY_CODE_HEADER + ev.table_len as usize,
+        )
+    };
+    let r = code_record_from_bytes(bytes).expect("a code record");
+    assert_eq!(
+        (r.pid, r.code, r.ids, r.flags),
+        (42, 0x7f00_0000_1000, 0xdead_beef, 0)
+    );
+    assert_eq!((r.filename.as_str(), r.name.as_str()), ("/a.py", "é"));
+    assert_eq!((r.qualname.as_str(), r.firstlineno), ("fn", 17));
+    assert_eq!(r.linetable, [0x80 | (13 << 3), 0x04, 0x80]);
+    assert!(r.table_complete);
+    // The line table's first entry: line 17 + 2 for its first 2 bytes of code.
+    assert_eq!(line_for_offset(&r.linetable, r.firstlineno, 0), Some(19));
+
+    // A table cut by BPF says so; anything that is not a code record is not taken.
+    ev.table_full_len = 9000;
+    ev.flags = py_code_flags::CUT;
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &ev as *const PyCodeEvent as *const u8,
+            PY_CODE_HEADER + ev.table_len as usize,
+        )
+    };
+    assert!(!code_record_from_bytes(bytes).unwrap().table_complete);
+    assert!(code_record_from_bytes(&bytes[..PY_CODE_HEADER - 1]).is_none());
+    ev.kind = probe_common::PYSTACK_KIND;
+    let bytes = unsafe {
+        std::slice::from_raw_parts(&ev as *const PyCodeEvent as *const u8, PY_CODE_HEADER)
+    };
+    assert!(code_record_from_bytes(bytes).is_none());
+}
