@@ -160,3 +160,44 @@ fn a_found_function_that_gets_no_memory_usage_gives_one_warning_and_no_pta_row()
         "no PTA row once the function is doubted, not even for the later blocks"
     );
 }
+
+/// The report function's address by `nm`'s reading of the fixture's `.symtab` (its code is
+/// where GNU ld put it: file offset = address in so small a library).
+fn nm_address(lib: &std::path::Path, name: &str) -> u64 {
+    let out = std::process::Command::new("nm")
+        .arg(lib)
+        .output()
+        .expect("run nm");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.ends_with(&format!(" {name}")))
+        .unwrap_or_else(|| panic!("nm does not list {name} in {}", lib.display()));
+    hex(line.split_whitespace().next().unwrap())
+}
+
+const REPORT_SYMBOL: &str =
+    "_ZN9torch_npu8profiler29reportMemoryDataToNpuProfilerERKNS0_11MemoryUsageE";
+
+#[test]
+fn a_symbol_table_that_agrees_with_the_code_is_used_and_one_that_does_not_is_refused() {
+    use memscope_bpf::trace::torch_npu::{UsageLayout, locate};
+    let one = fixtures().join("lib/pta/one/libtorch_npu.so");
+    let site = locate(&one).unwrap();
+    assert_eq!(
+        (site.file_offset, site.layout, site.callers),
+        (
+            nm_address(&one, REPORT_SYMBOL),
+            UsageLayout::WithComponent,
+            4
+        ),
+        "malloc, free, the block's free and the workspace call it"
+    );
+    let misnamed = fixtures().join("lib/pta/misnamed/libtorch_npu.so");
+    let named = nm_address(&misnamed, REPORT_SYMBOL);
+    let why = format!("{:#}", locate(&misnamed).unwrap_err());
+    assert!(
+        why.contains("2 candidates for report function") && why.contains(&format!("{named:x}")),
+        "{why}"
+    );
+}
