@@ -123,3 +123,63 @@ fn byte_stores(window: &[Instruction]) -> Vec<ByteStore> {
     }
     stores
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: u64 = 0x1000;
+
+    #[test]
+    fn a_call_comes_with_the_bytes_stored_since_the_previous_call() {
+        let rsp = Register::RSP as u32;
+        let code = [
+            0xe8, 0x00, 0x00, 0x00,
+            0x00, // call +0 (a previous call: its stores do not count)
+            0xc6, 0x04, 0x24, 0x14, // mov byte [rsp], 0x14
+            0x31, 0xc0, // xor eax, eax
+            0x88, 0x44, 0x24, 0x02, // mov [rsp+2], al (0)
+            0xb9, 0x01, 0x00, 0x00, 0x00, // mov ecx, 1
+            0x66, 0x89, 0x4c, 0x24, 0x03, // mov [rsp+3], cx (1, 0)
+            0x48, 0x89, 0x7c, 0x24, 0x08, // mov [rsp+8], rdi (unknown)
+            0xe8, 0x10, 0x00, 0x00, 0x00, // call +0x10
+        ];
+        let sites = X86_64.call_sites(&code, AT);
+        assert_eq!(sites.len(), 2);
+        assert_eq!(
+            (sites[0].at, sites[0].target, sites[0].stores.len()),
+            (AT, AT + 5, 0)
+        );
+        let last = &sites[1];
+        assert_eq!((last.at, last.target), (AT + 30, AT + 35 + 0x10));
+        let byte = |offset: i64| {
+            last.stores
+                .iter()
+                .rev()
+                .find(|s| s.base == rsp && s.offset == offset)
+                .map(|s| (s.value, s.width))
+        };
+        assert_eq!(byte(0), Some((Some(0x14), 1)));
+        assert_eq!(byte(2), Some((Some(0), 1)));
+        assert_eq!(byte(3), Some((Some(1), 2)));
+        assert_eq!(byte(4), Some((Some(0), 2)));
+        assert_eq!(byte(8), Some((None, 8)));
+        assert_eq!(byte(1), None);
+    }
+
+    #[test]
+    fn string_loads_and_direct_calls_are_found_by_their_targets() {
+        let code = [
+            0x90, // nop
+            0x48, 0x8d, 0x3d, 0xf8, 0x0f, 0x00, 0x00, // lea rdi, [rip + 0xff8] -> 0x2000
+            0x4c, 0x8b, 0x05, 0xf1, 0x0f, 0x00, 0x00, // mov r8, [rip + 0xff1] -> 0x2000
+            0xe8, 0xec, 0xff, 0xff, 0xff, // call -0x14 -> AT
+        ];
+        assert_eq!(
+            X86_64.address_loads(&code, AT, 0x2000),
+            vec![AT + 1, AT + 8]
+        );
+        assert_eq!(X86_64.address_loads(&code, AT, 0x2001), Vec::<u64>::new());
+        assert_eq!(X86_64.direct_calls(&code, AT, AT), vec![AT + 15]);
+    }
+}
