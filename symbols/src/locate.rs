@@ -7,29 +7,72 @@
 //! and the direct calls between functions. [`Image`] answers those questions about one file;
 //! the knowledge of *which* strings and patterns matter belongs to the caller.
 //!
-//! Instruction scans here are x86-64 byte patterns (a `lea`/`mov` with a RIP-relative operand,
-//! a `call rel32`); they may find a few false candidates, never miss a real one, so callers
-//! confirm each candidate (by function bounds, decoding, counts) before trusting it.
+//! How a release was built must not matter: strings are looked for in every read-only data
+//! section (GNU ld merges literals into `.rodata`, mold keeps `.rodata.str1.8` and friends),
+//! code in every executable section, and every address goes through the section table (mold
+//! lays code out 0x1000 away from its file offset). The instruction-level questions go to the
+//! object's instruction set behind [`Isa`] (x86-64 in [`x86_64`]; one module per architecture),
+//! so the search above it is the same for each. Scans may find a few false candidates, never
+//! miss a real one, so callers confirm each candidate (by function bounds, decoding, counts)
+//! before trusting it.
+
+mod x86_64;
 
 use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use gimli::{BaseAddresses, EhFrame, NativeEndian, UnwindSection};
-use object::{Object, ObjectSection, read::elf::ElfFile64};
+use object::{
+    Architecture, Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind,
+    read::elf::ElfFile64,
+};
 
-/// A section of the image: name, address as linked, and its bytes' place in the file.
+/// A section of the image: name, address as linked, its bytes' place in the file and kind.
 #[derive(Clone, Debug)]
 struct Section {
     name: String,
     address: u64,
     offset: usize,
     size: usize,
+    kind: SectionKind,
 }
 
 /// One ELF object's bytes and section table.
 pub struct Image {
     data: Vec<u8>,
     sections: Vec<Section>,
+    architecture: Architecture,
+}
+
+/// A constant (or unknown) byte written to memory at `base register + offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteStore {
+    /// The base register, numbered by the instruction set's module.
+    pub base: u32,
+    pub offset: i64,
+    /// `None` when the stored value is not a known constant.
+    pub value: Option<u8>,
+    /// How many bytes the instruction that wrote it stored.
+    pub width: u8,
+}
+
+/// A direct call and the byte stores since the previous call (the argument it was given), in
+/// program order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallSite {
+    pub at: u64,
+    pub target: u64,
+    pub stores: Vec<ByteStore>,
+}
+
+/// What the search needs from one instruction set. `code` is linked at `address`.
+pub trait Isa {
+    /// The instructions that put `target` (a string's address) in a register.
+    fn address_loads(&self, code: &[u8], address: u64, target: u64) -> Vec<u64>;
+    /// The direct calls of `target`.
+    fn direct_calls(&self, code: &[u8], address: u64, target: u64) -> Vec<u64>;
+    /// The direct calls of one function (its whole code), each with its stores.
+    fn call_sites(&self, code: &[u8], address: u64) -> Vec<CallSite>;
 }
 
 impl Image {
@@ -41,9 +84,10 @@ impl Image {
 
     /// Parses an in-memory image. Never panics on malformed input.
     pub fn parse(data: Vec<u8>) -> Result<Self> {
-        let sections = {
+        let (sections, architecture) = {
             let file = ElfFile64::<object::Endianness>::parse(&data[..])?;
-            file.sections()
+            let sections = file
+                .sections()
                 .filter_map(|s| {
                     let (offset, size) = s.file_range()?;
                     let end = offset.checked_add(size)?;
@@ -52,11 +96,33 @@ impl Image {
                         address: s.address(),
                         offset: offset as usize,
                         size: size as usize,
+                        kind: s.kind(),
                     })
                 })
-                .collect()
+                .collect();
+            (sections, file.architecture())
         };
-        Ok(Image { data, sections })
+        Ok(Image {
+            data,
+            sections,
+            architecture,
+        })
+    }
+
+    /// The decoder of this object's instruction set, or why there is none.
+    pub fn isa(&self) -> Result<&'static dyn Isa> {
+        match self.architecture {
+            Architecture::X86_64 => Ok(&x86_64::X86_64),
+            other => bail!("no instruction decoder for {other:?} code yet"),
+        }
+    }
+
+    /// The sections holding code, with their addresses.
+    fn code_sections(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.sections
+            .iter()
+            .filter(|s| s.kind == SectionKind::Text && s.address != 0)
+            .map(|s| (s.address, self.bytes(s)))
     }
 
     fn section(&self, name: &str) -> Option<&Section> {
@@ -87,68 +153,71 @@ impl Image {
         self.data.get(start..end)
     }
 
-    /// Addresses of the NUL-terminated strings in `.rodata` that contain `needle`, each the
-    /// address of its string's first byte (what code loads).
+    /// Addresses of the NUL-terminated strings in any read-only data section that contain
+    /// `needle`, each the address of its string's first byte (what code loads), sorted.
     pub fn strings_containing(&self, needle: &[u8]) -> Vec<u64> {
-        let Some(rodata) = self.section(".rodata") else {
-            return Vec::new();
-        };
-        let bytes = self.bytes(rodata);
         let mut found = Vec::new();
-        let mut from = 0;
-        while let Some(at) = find(&bytes[from..], needle) {
-            let hit = from + at;
-            let start = bytes[..hit]
-                .iter()
-                .rposition(|b| *b == 0)
-                .map_or(0, |nul| nul + 1);
-            found.push(rodata.address + start as u64);
-            from = hit + needle.len().max(1);
+        for section in self.sections.iter().filter(|s| {
+            s.address != 0
+                && matches!(
+                    s.kind,
+                    SectionKind::ReadOnlyData | SectionKind::ReadOnlyString
+                )
+        }) {
+            let bytes = self.bytes(section);
+            let mut from = 0;
+            while let Some(at) = find(&bytes[from..], needle) {
+                let hit = from + at;
+                let start = bytes[..hit]
+                    .iter()
+                    .rposition(|b| *b == 0)
+                    .map_or(0, |nul| nul + 1);
+                found.push(section.address + start as u64);
+                from = hit + needle.len().max(1);
+            }
         }
+        found.sort_unstable();
         found.dedup();
         found
     }
 
-    /// Addresses of the instructions in `.text` that compute or load `target` RIP-relatively
-    /// (`lea`/`mov r64, [rip + disp32]`, with a REX.W prefix).
-    pub fn rip_relative_refs(&self, target: u64) -> Vec<u64> {
-        let Some(text) = self.section(".text") else {
-            return Vec::new();
-        };
-        let code = self.bytes(text);
-        let mut refs = Vec::new();
-        for i in 0..code.len().saturating_sub(7) {
-            let (rex, opcode, modrm) = (code[i], code[i + 1], code[i + 2]);
-            if rex & 0xf8 != 0x48 || !(opcode == 0x8d || opcode == 0x8b) || modrm & 0xc7 != 0x05 {
-                continue;
-            }
-            let disp = i32::from_le_bytes([code[i + 3], code[i + 4], code[i + 5], code[i + 6]]);
-            let next = text.address + i as u64 + 7;
-            if next.wrapping_add(disp as i64 as u64) == target {
-                refs.push(text.address + i as u64);
-            }
-        }
-        refs
+    /// Addresses of the instructions that put `target` in a register.
+    pub fn address_loads(&self, target: u64) -> Result<Vec<u64>> {
+        let isa = self.isa()?;
+        Ok(self
+            .code_sections()
+            .flat_map(|(address, code)| isa.address_loads(code, address, target))
+            .collect())
     }
 
-    /// Addresses of the `call rel32` instructions in `.text` whose target is `target`.
-    pub fn direct_calls_to(&self, target: u64) -> Vec<u64> {
-        let Some(text) = self.section(".text") else {
-            return Vec::new();
+    /// Addresses of the direct calls of `target`.
+    pub fn direct_calls_to(&self, target: u64) -> Result<Vec<u64>> {
+        let isa = self.isa()?;
+        Ok(self
+            .code_sections()
+            .flat_map(|(address, code)| isa.direct_calls(code, address, target))
+            .collect())
+    }
+
+    /// The direct calls of the function at `start` (`len` bytes) with their stores.
+    pub fn call_sites(&self, start: u64, len: u64) -> Result<Vec<CallSite>> {
+        let isa = self.isa()?;
+        let Some(code) = self.code(start, len) else {
+            bail!("function at {start:#x} is outside the file");
         };
-        let code = self.bytes(text);
-        let mut calls = Vec::new();
-        for i in 0..code.len().saturating_sub(5) {
-            if code[i] != 0xe8 {
-                continue;
-            }
-            let rel = i32::from_le_bytes([code[i + 1], code[i + 2], code[i + 3], code[i + 4]]);
-            let next = text.address + i as u64 + 5;
-            if next.wrapping_add(rel as i64 as u64) == target {
-                calls.push(text.address + i as u64);
-            }
-        }
-        calls
+        Ok(isa.call_sites(code, start))
+    }
+
+    /// The address of the function named `name` (mangled) in `.symtab`, when one is shipped.
+    pub fn function_symbol(&self, name: &str) -> Option<u64> {
+        let file = ElfFile64::<object::Endianness>::parse(&self.data[..]).ok()?;
+        file.symbols()
+            .find(|s| {
+                s.kind() == SymbolKind::Text
+                    && s.is_definition()
+                    && s.name_bytes() == Ok(name.as_bytes())
+            })
+            .map(|s| s.address())
     }
 
     /// The function containing `pc`, as `(start, length)`, from the unwind tables'

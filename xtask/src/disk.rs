@@ -32,8 +32,9 @@ pub fn free_bytes(path: &Path) -> Result<u64> {
 }
 
 /// What a test run still has to write: a cold debug build of the workspace with its BPF object
-/// (~3 GiB, measured on a fresh clone), the torch test bed's venvs when not installed yet (~12
-/// GiB with PyPI torch's CUDA wheels), and room for the traces the tests write.
+/// (~3 GiB, measured on a fresh clone), the torch test bed's venvs when not installed yet (~6
+/// GiB each with PyPI torch's CUDA wheels), the release matrix's libraries (3.5 GB for 47
+/// releases) and room for the traces the tests write.
 fn needed_bytes(repo: &Path) -> u64 {
     // `cargo xtask` has built xtask itself by now: look for the tracer's own build.
     let build = if repo.join("target/debug/memscope-bpf").is_file() {
@@ -42,11 +43,16 @@ fn needed_bytes(repo: &Path) -> u64 {
         4 * GIB
     };
     let bed = if torch_bed::enabled() && !torch_bed::installed() {
-        13 * GIB
+        19 * GIB
     } else {
         0
     };
-    build + bed
+    let matrix = if torch_bed::enabled() && !torch_bed::matrix_fetched() {
+        4 * GIB
+    } else {
+        0
+    };
+    build + bed + matrix
 }
 
 /// Fails with a clear message when the disk cannot hold the run.

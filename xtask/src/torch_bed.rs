@@ -8,6 +8,17 @@
 //! marker. torch_npu pins a `+cpu` torch build that PyPI does not serve, so it is installed
 //! with `--no-deps` next to PyPI's torch of the same version.
 //!
+//! From torch 2.10, PyPI's CUDA `libc10_cuda.so` registers allocator-config keys that
+//! torch_npu registers too, and `import torch_npu` aborts (`Duplicated key '...'`); on an
+//! Ascend host torch is the CPU build and this does not happen. The bed renames those keys in
+//! its own copy of `libc10_cuda.so` (CUDA's, never used here), one per failed import, and
+//! leaves torch_npu untouched ([`rename_cuda_config_keys`]).
+//!
+//! The release matrix (every torch_npu release PyPI serves for cp311, in
+//! `probe-user/tests/data/torch_npu_x86_64.tsv`) is fetched too, wheels only, no torch: only
+//! each wheel's `libtorch_npu.so` and `version.py` are kept, for the static test
+//! (`probe-user/tests/real_torch_matrix.rs`).
+//!
 //! `MEMSCOPE_TORCH_BED=off` skips all of it (the tests that need it then say SKIPPED).
 
 use std::{
@@ -21,9 +32,11 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 /// (torch, torch_npu, extra requirements) of each release in the bed.
-pub const RELEASES: [(&str, &str, &[&str]); 2] = [
+pub const RELEASES: [(&str, &str, &[&str]); 3] = [
     // MemoryUsage with component_type (released 2026-01).
     ("2.8.0", "2.8.0.post2", &["numpy", "pyyaml"]),
+    // The newest: mold-linked, each allocator event logged twice, config keys renamed.
+    ("2.14.0", "2.14.0", &["numpy", "pyyaml"]),
     // The original MemoryUsage (git 9e105ea, 2025-04).
     ("2.5.1", "2.5.1", &["numpy<2", "pyyaml"]),
 ];
@@ -31,6 +44,8 @@ pub const RELEASES: [(&str, &str, &[&str]); 2] = [
 /// The environment variable the tests read the venvs from (`:`-separated).
 pub const VENVS_ENV: &str = "MEMSCOPE_TORCH_VENVS";
 const READY_MARKER: &str = ".memscope-ready";
+/// Written once `import torch_npu` works in a venv (after any key renaming).
+const IMPORTS_MARKER: &str = ".memscope-imports";
 
 pub fn enabled() -> bool {
     std::env::var("MEMSCOPE_TORCH_BED").map_or(true, |v| v != "off")
@@ -57,6 +72,12 @@ pub fn venvs() -> Result<Vec<PathBuf>> {
 /// True when every release's venv is installed and ready.
 pub fn installed() -> bool {
     venvs().is_ok_and(|dirs| dirs.iter().all(|d| d.join(READY_MARKER).is_file()))
+}
+
+/// True when the release matrix's libraries have been fetched (some at least: the fetch
+/// itself is idempotent and cheap when they are all there).
+pub fn matrix_fetched() -> bool {
+    cache_dir().is_ok_and(|venvs| venvs.with_file_name("torch_npu_libs").is_dir())
 }
 
 /// Makes every venv that is not ready yet, then the simulated CANN for all of them.
@@ -88,15 +109,116 @@ pub fn prepare(repo: &Path) -> Result<String> {
                 .join(" ")
         ));
     cmd::output(&mut make).context("building the simulated CANN for torch_npu")?;
+    let mut renamed = Vec::new();
+    for (torch, npu, _) in RELEASES {
+        let dir = venv(torch, npu)?;
+        if !dir.join(IMPORTS_MARKER).is_file() {
+            renamed.extend(rename_cuda_config_keys(repo, &dir)?);
+            fs::write(dir.join(IMPORTS_MARKER), "import torch, torch_npu: ok\n")?;
+        }
+    }
+    let matrix = fetch_matrix(repo)?;
     Ok(format!(
-        "torch_npu {}; {}",
+        "torch_npu {}; {}{}; {matrix}",
         RELEASES.map(|r| r.1).join(", "),
         if made.is_empty() {
             "venvs already installed".to_owned()
         } else {
             format!("installed {} now", made.join(", "))
+        },
+        if renamed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; renamed CUDA's config keys {} in libc10_cuda.so",
+                renamed.join(", ")
+            )
         }
     ))
+}
+
+/// Makes `import torch, torch_npu` work in `venv` on the simulated CANN: while it aborts with
+/// `Duplicated key 'K'`, renames `K` in torch's `libc10_cuda.so` (its first byte becomes `_`,
+/// wherever the key's text or its first 16 bytes, which the compiler loads as one constant,
+/// appear). Returns the keys renamed.
+fn rename_cuda_config_keys(repo: &Path, venv: &Path) -> Result<Vec<String>> {
+    let cuda = site_packages(venv)?.join("torch/lib/libc10_cuda.so");
+    let cann = repo.join("tests/fixtures/build/cann");
+    let mut renamed = Vec::new();
+    for _ in 0..16 {
+        let mut import = Command::new(venv.join("bin/python"));
+        import
+            .args(["-c", "import torch, torch_npu"])
+            .env("ASCEND_HOME_PATH", &cann)
+            .env("ASCEND_OPP_PATH", cann.join("opp"))
+            .env("LD_LIBRARY_PATH", cann.join("lib64"));
+        let out = import.output().context("running the venv's python")?;
+        if out.status.success() {
+            return Ok(renamed);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let Some(key) = stderr
+            .split("Duplicated key '")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .filter(|k| k.len() > 1)
+        else {
+            bail!(
+                "`import torch_npu` fails in {}:\n{}",
+                venv.display(),
+                stderr.lines().take(5).collect::<Vec<_>>().join("\n")
+            );
+        };
+        let mut bytes = fs::read(&cuda).with_context(|| format!("reading {}", cuda.display()))?;
+        let key = key.as_bytes();
+        let mut hits = 0;
+        for piece in [key, &key[..key.len().min(16)]] {
+            let mut at = 0;
+            while let Some(i) = bytes[at..].windows(piece.len()).position(|w| w == piece) {
+                bytes[at + i] = b'_';
+                at += i + piece.len();
+                hits += 1;
+            }
+        }
+        if hits == 0 {
+            bail!(
+                "`import torch_npu` aborts on key '{}', which {} does not hold",
+                String::from_utf8_lossy(key),
+                cuda.display()
+            );
+        }
+        fs::write(&cuda, &bytes).with_context(|| format!("writing {}", cuda.display()))?;
+        renamed.push(String::from_utf8_lossy(key).into_owned());
+    }
+    bail!(
+        "`import torch_npu` still fails in {} after renaming {renamed:?}",
+        venv.display()
+    )
+}
+
+/// The torch_npu wheels of the release matrix, fetched once (libtorch_npu.so and version.py
+/// kept) by tests/tools/torch_npu_wheels.py; says how much came now and how much is kept.
+fn fetch_matrix(repo: &Path) -> Result<String> {
+    let table = fs::read_to_string(repo.join("probe-user/tests/data/torch_npu_x86_64.tsv"))?;
+    let versions: Vec<&str> = table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    let cache = cache_dir()?
+        .parent()
+        .context("the venvs' cache directory has no parent")?
+        .to_path_buf();
+    let mut fetch = Command::new("python3");
+    fetch
+        .arg(repo.join("tests/tools/torch_npu_wheels.py"))
+        .arg(cache)
+        .arg("x86_64")
+        .args(versions);
+    Ok(cmd::output(&mut fetch)
+        .context("fetching the torch_npu release matrix")?
+        .trim()
+        .to_owned())
 }
 
 fn make_venv(dir: &Path, torch: &str, npu: &str, extra: &[&str]) -> Result<()> {

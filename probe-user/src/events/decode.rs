@@ -117,6 +117,8 @@ pub enum Call {
     },
     /// A block event of torch_npu's caching or workspace allocator (`torch_npu.rs`).
     PtaUsage(crate::trace::torch_npu::MemoryUsage),
+    /// What the located report function received is not a `MemoryUsage`: why.
+    PtaNotUsage(String),
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
     OpLaunch {
         op: u32,

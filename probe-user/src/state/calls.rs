@@ -285,6 +285,12 @@ impl ProcessState {
                     ));
                 }
             }
+            Call::PtaNotUsage(why) => {
+                if !std::mem::replace(&mut self.pta_refused, true) {
+                    refuse_pta_reports(ev.pid, why);
+                }
+            }
+            Call::PtaUsage(_) if self.pta_refused => {}
             Call::PtaUsage(u) => {
                 use crate::trace::torch_npu::{Component, DataType};
                 let change = RegionChange {
@@ -365,6 +371,20 @@ impl ProcessState {
 }
 
 /// A kernel without a name: its handle (and tiling key) or its stub address.
+/// Says once per run that a process's torch_npu report function got something that is not a
+/// `MemoryUsage`, so its PTA rows stop (HAL rows go on).
+fn refuse_pta_reports(pid: u32, why: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        crate::log::warn(&format!(
+            "pid {pid}: what torch_npu's allocator report function received is not a \
+             MemoryUsage ({why}): the function found in libtorch_npu.so is not the one expected, \
+             so no PTA rows are read from it (HAL is still traced)"
+        ));
+    }
+}
+
 pub(super) fn kernel_label(
     api: crate::trace::probes::ProbeId,
     kernel: u64,

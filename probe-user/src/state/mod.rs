@@ -210,6 +210,9 @@ pub struct ProcessState {
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
     /// The allocation id of the last PTA block (caching or workspace) made at each address.
     pta_last_at: HashMap<u64, u64>,
+    /// torch_npu's report function got something that is not a `MemoryUsage`: the located
+    /// function is not what we think, so nothing more is read from it.
+    pta_refused: bool,
     /// Start address -> key of the live ATB pool blocks.
     atb_by_addr: std::collections::BTreeMap<u64, u64>,
     /// ATB calls being put back together from their probes' events.

@@ -6,31 +6,35 @@
 //! `torch_npu::profiler::reportMemoryDataToNpuProfiler(const MemoryUsage&)`, called at every
 //! block MALLOC, FREE and BLOCK_FREE of the caching allocator and at every segment change of
 //! the workspace allocator, before it checks whether a profiler listens. It is a hidden symbol
-//! in a library shipped without `.symtab`, so it is found by what its callers do:
+//! in a library usually shipped without `.symtab`, so it is found by what its callers do:
 //!
-//! 1. the log strings `PTA CachingAllocator malloc: ` and `... free: ` are loaded by exactly one
-//!    instruction each, inside `DeviceCachingAllocator::malloc` and `::free`; their bounds come
-//!    from the unwind tables;
-//! 2. in both, the report is the direct call that follows a `mov byte [frame+B], 0x14`
+//! 1. the log strings `PTA CachingAllocator malloc: ` and `... free: ` are loaded inside
+//!    `DeviceCachingAllocator::malloc` and `::free`; their bounds come from the unwind tables.
+//!    Releases differ in how: from 2.7.1.post4 each event is logged twice (a `[PTA]:"..."`
+//!    copy for `aclAppLog` and a plain one), so a text is in several strings and loaded more
+//!    than once; mold-linked releases keep the strings in `.rodata.str1.8`. Every string and
+//!    every load counts, as long as they lead to the same report function;
+//! 2. in those functions, the report is a direct call that follows a `mov byte [frame+B], 0x14`
 //!    (`device_type = PrivateUse1`, the first field of the `MemoryUsage` being built): the one
-//!    target common to both functions is the report function;
+//!    target common to the malloc and free sides is the report function. When `.symtab` is
+//!    shipped (2.9.1) and names it, that name must agree with the code;
 //! 3. the layout of `MemoryUsage` changed in 2025 (a `component_type` byte came in at +2 and
-//!    moved `data_type` to +3). The free call site settles which one this build has: it stores
-//!    `data_type = FREE (1)` either at `B+2` (original) or at `B+3` after a 0 at `B+2`.
+//!    moved `data_type` to +3). The free call sites settle which one this build has: each
+//!    stores `data_type = FREE (1)` either at `B+2` (original) or at `B+3` after a 0 at `B+2`.
 //!
-//! Anything unexpected (no string, several candidates, a store pattern that fits neither
+//! Anything unexpected (no string, candidates that disagree, a store pattern that fits neither
 //! layout) makes [`locate`] fail with the reason: the caller says so once and traces the rest
-//! (HAL) without framework rows, never reading fields it is not sure of.
+//! (HAL) without framework rows, never reading fields it is not sure of. What the function then
+//! receives is checked too ([`MemoryUsage::decode`]).
 
 use std::{
-    collections::HashMap,
+    collections::BTreeSet,
     fmt,
     path::{Path, PathBuf},
 };
 
 use anyhow::{Result, bail};
-use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
-use memscope_symbols::locate::{Image, exactly_one};
+use memscope_symbols::locate::{CallSite, Image, exactly_one};
 
 use crate::trace::disk_cache;
 
@@ -42,13 +46,14 @@ pub const USAGE_SIZE: u32 = 56;
 
 const MALLOC_ANCHOR: &[u8] = b"PTA CachingAllocator malloc: ";
 const FREE_ANCHOR: &[u8] = b"PTA CachingAllocator free: ";
+/// Its mangled name, in the releases that ship a `.symtab`.
+const REPORT_SYMBOL: &str =
+    "_ZN9torch_npu8profiler29reportMemoryDataToNpuProfilerERKNS0_11MemoryUsageE";
 /// `c10::DeviceType::PrivateUse1`, the first field of every `MemoryUsage` torch_npu builds.
-const PRIVATE_USE1: u64 = 20;
-/// How many instructions before a call its argument's stores are looked for.
-const CALL_WINDOW: usize = 32;
+const PRIVATE_USE1: u8 = 20;
 
 /// Which `MemoryUsage` a build passes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UsageLayout {
     /// `{i8 device_type, i8 device_index, u8 data_type, u8 allocator_type, i64 ptr, ...}`
     /// (torch_npu up to 2.5.1 and the releases cut before June 2025).
@@ -89,23 +94,30 @@ pub fn locate(path: &Path) -> Result<ReportSite> {
     let image = Image::open(path)?;
     let malloc = report_calls(&image, MALLOC_ANCHOR)?;
     let free = report_calls(&image, FREE_ANCHOR)?;
-    let common: Vec<u64> = malloc
+    let mut candidates: BTreeSet<u64> = malloc
         .iter()
         .map(|c| c.target)
         .filter(|t| free.iter().any(|c| c.target == *t))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .collect();
-    let target = exactly_one("report function called from both malloc and free", &common)?;
-    let callers = image.direct_calls_to(target).len();
+    if let Some(named) = image.function_symbol(REPORT_SYMBOL) {
+        candidates.insert(named);
+    }
+    let target = exactly_one(
+        "report function (called from both malloc and free, or named in .symtab)",
+        &candidates.into_iter().collect::<Vec<_>>(),
+    )?;
+    let callers = image.direct_calls_to(target)?.len();
     if callers < 3 {
         bail!("the report function candidate at {target:#x} has only {callers} direct callers");
     }
-    let mut layouts = Vec::new();
+    let mut layouts = BTreeSet::new();
     for call in free.into_iter().filter(|c| c.target == target) {
-        layouts.push(call.layout?);
+        layouts.insert(call.layout?);
     }
-    let layout = exactly_one("MemoryUsage layout", &dedup(layouts))?;
+    let layout = exactly_one(
+        "MemoryUsage layout",
+        &layouts.into_iter().collect::<Vec<_>>(),
+    )?;
     let Some(file_offset) = image.file_offset(target) else {
         bail!("the report function at {target:#x} is outside the file's sections");
     };
@@ -117,11 +129,6 @@ pub fn locate(path: &Path) -> Result<ReportSite> {
     })
 }
 
-fn dedup<T: PartialEq>(mut v: Vec<T>) -> Vec<T> {
-    v.dedup();
-    v
-}
-
 /// A direct call that follows the store of `device_type = PrivateUse1`.
 struct ReportCall {
     target: u64,
@@ -129,110 +136,58 @@ struct ReportCall {
     layout: Result<UsageLayout>,
 }
 
-/// The report calls in the function that loads the string containing `anchor`.
+/// The report calls in every function that loads a string containing `anchor`.
 fn report_calls(image: &Image, anchor: &[u8]) -> Result<Vec<ReportCall>> {
+    let what = String::from_utf8_lossy(anchor).trim().to_owned();
     let strings = image.strings_containing(anchor);
-    let string = exactly_one(
-        &format!("string \"{}\"", String::from_utf8_lossy(anchor).trim()),
-        &strings,
-    )?;
-    let refs = image.rip_relative_refs(string);
-    let at = exactly_one("instruction loading the allocator's log string", &refs)?;
-    let Some((start, len)) = image.function_bounds(at) else {
-        bail!("no unwind entry covers {at:#x}");
-    };
-    let Some(code) = image.code(start, len) else {
-        bail!("function at {start:#x} is outside the file");
-    };
-    let insns: Vec<Instruction> = Decoder::with_ip(64, code, start, DecoderOptions::NONE)
-        .into_iter()
-        .collect();
-    let mut calls = Vec::new();
-    for (i, insn) in insns.iter().enumerate() {
-        if insn.mnemonic() != Mnemonic::Call || insn.op0_kind() != OpKind::NearBranch64 {
-            continue;
+    if strings.is_empty() {
+        bail!("no string \"{what}\" found");
+    }
+    let mut functions = BTreeSet::new();
+    for string in strings {
+        for at in image.address_loads(string)? {
+            match image.function_bounds(at) {
+                Some(bounds) => functions.insert(bounds),
+                None => bail!("no unwind entry covers the load of \"{what}\" at {at:#x}"),
+            };
         }
-        let window = &insns[i.saturating_sub(CALL_WINDOW)..i];
-        // Only the stores since the previous call build this call's argument.
-        let window = match window.iter().rposition(|w| w.mnemonic() == Mnemonic::Call) {
-            Some(p) => &window[p + 1..],
-            None => window,
-        };
-        if let Some(frame) = window.iter().find_map(device_type_store) {
-            calls.push(ReportCall {
-                target: insn.near_branch_target(),
-                layout: layout_at(window, frame),
-            });
+    }
+    if functions.is_empty() {
+        bail!("no instruction loads the string \"{what}\"");
+    }
+    let mut calls = Vec::new();
+    for (start, len) in functions {
+        for site in image.call_sites(start, len)? {
+            if let Some(frame) = site
+                .stores
+                .iter()
+                .find(|s| s.width == 1 && s.value == Some(PRIVATE_USE1))
+                .map(|s| (s.base, s.offset))
+            {
+                calls.push(ReportCall {
+                    target: site.target,
+                    layout: layout_at(&site, frame),
+                });
+            }
         }
     }
     if calls.is_empty() {
-        bail!("no call after a `device_type = PrivateUse1` store in the function at {start:#x}");
+        bail!("no call after a `device_type = PrivateUse1` store where \"{what}\" is logged");
     }
     Ok(calls)
 }
 
-/// `mov byte [base + disp], 0x14`: (base register, displacement).
-fn device_type_store(insn: &Instruction) -> Option<(Register, i64)> {
-    (insn.mnemonic() == Mnemonic::Mov
-        && insn.op0_kind() == OpKind::Memory
-        && insn.op1_kind() == OpKind::Immediate8
-        && insn.immediate8() as u64 == PRIVATE_USE1
-        && insn.memory_index() == Register::None)
-        .then(|| (insn.memory_base(), insn.memory_displacement64() as i64))
-}
-
-/// Reads the bytes stored at `frame + 2` and `frame + 3` before a FREE report.
-fn layout_at(window: &[Instruction], (base, disp): (Register, i64)) -> Result<UsageLayout> {
-    let mut regs: HashMap<Register, u64> = HashMap::new();
-    let mut bytes: HashMap<i64, u8> = HashMap::new();
-    for insn in window {
-        let dest_reg = (insn.op0_kind() == OpKind::Register).then(|| insn.op0_register());
-        match insn.mnemonic() {
-            Mnemonic::Xor
-                if insn.op1_kind() == OpKind::Register && dest_reg == Some(insn.op1_register()) =>
-            {
-                regs.insert(insn.op0_register().full_register(), 0);
-            }
-            Mnemonic::Mov if dest_reg.is_some() => {
-                let full = insn.op0_register().full_register();
-                match insn.op1_kind() {
-                    OpKind::Immediate32 | OpKind::Immediate8 | OpKind::Immediate16 => {
-                        regs.insert(full, insn.immediate(1));
-                    }
-                    _ => {
-                        regs.remove(&full);
-                    }
-                }
-            }
-            Mnemonic::Mov
-                if insn.op0_kind() == OpKind::Memory
-                    && insn.memory_base() == base
-                    && insn.memory_index() == Register::None =>
-            {
-                let at = insn.memory_displacement64() as i64 - disp;
-                let width = insn.memory_size().size() as i64;
-                let value = match insn.op1_kind() {
-                    OpKind::Register => regs.get(&insn.op1_register().full_register()).copied(),
-                    OpKind::Immediate8 | OpKind::Immediate16 | OpKind::Immediate32 => {
-                        Some(insn.immediate(1))
-                    }
-                    _ => None,
-                };
-                for k in 0..width {
-                    match value {
-                        Some(v) => bytes.insert(at + k, (v >> (8 * k)) as u8),
-                        None => bytes.remove(&(at + k)),
-                    };
-                }
-            }
-            _ => {
-                if let Some(r) = dest_reg {
-                    regs.remove(&r.full_register());
-                }
-            }
-        }
-    }
-    match (bytes.get(&2), bytes.get(&3)) {
+/// Reads the bytes stored at `frame + 2` and `frame + 3` before a FREE report (the last store
+/// to each byte wins).
+fn layout_at(site: &CallSite, (base, at): (u32, i64)) -> Result<UsageLayout> {
+    let byte = |k: i64| {
+        site.stores
+            .iter()
+            .rev()
+            .find(|s| s.base == base && s.offset == at + k)
+            .and_then(|s| s.value)
+    };
+    match (byte(2), byte(3)) {
         (Some(1), _) => Ok(UsageLayout::Original),
         (Some(0), Some(1)) => Ok(UsageLayout::WithComponent),
         (b2, b3) => bail!(
@@ -347,11 +302,22 @@ pub enum DataType {
     BlockFree,
 }
 
+/// Blocks of both allocators lie on device memory aligned at least this much.
+const BLOCK_ALIGN: u64 = 32;
+
 impl MemoryUsage {
-    /// Decodes the struct copied at the report function's entry.
-    pub fn decode(layout: UsageLayout, b: &[u8]) -> Option<Self> {
-        if b.len() < USAGE_SIZE as usize || b[0] as i8 != PRIVATE_USE1 as i8 {
-            return None;
+    /// Decodes the struct copied at the report function's entry, or says why it is not a
+    /// `MemoryUsage` as torch_npu builds one: a known device type, data type and component; a
+    /// non-null aligned pointer; a size that is positive on MALLOC and negative on FREE and
+    /// BLOCK_FREE; totals that are not negative and, for the caching allocator, hold the block
+    /// (reserved >= allocated >= the block on MALLOC). A function that was located wrongly
+    /// fails this at its first call.
+    pub fn decode(layout: UsageLayout, b: &[u8]) -> Result<Self, String> {
+        if b.len() < USAGE_SIZE as usize {
+            return Err(format!("{} bytes, not {USAGE_SIZE}", b.len()));
+        }
+        if b[0] != PRIVATE_USE1 {
+            return Err(format!("device type {}, not PrivateUse1 (20)", b[0] as i8));
         }
         let word = |at: usize| i64::from_le_bytes(b[at..at + 8].try_into().unwrap());
         let (component, data_type) = match layout {
@@ -359,7 +325,7 @@ impl MemoryUsage {
                 match b[2] {
                     0 => Component::CachingAllocator,
                     1 => Component::WorkspaceAllocator,
-                    _ => return None,
+                    other => return Err(format!("component type {other}")),
                 },
                 b[3],
             ),
@@ -378,16 +344,31 @@ impl MemoryUsage {
             0 => DataType::Malloc,
             1 => DataType::Free,
             2 => DataType::BlockFree,
-            _ => return None,
+            other => return Err(format!("data type {other}")),
         };
-        Some(MemoryUsage {
+        let (ptr, size) = (word(8) as u64, word(16));
+        let (allocated, reserved) = (word(24), word(32));
+        if ptr == 0 || ptr % BLOCK_ALIGN != 0 {
+            return Err(format!("block pointer {ptr:#x}"));
+        }
+        if (data_type == DataType::Malloc) != (size > 0) || size == 0 {
+            return Err(format!("size {size} on {data_type:?}"));
+        }
+        let holds_block = component == Component::WorkspaceAllocator
+            || (reserved >= allocated && (data_type != DataType::Malloc || allocated >= size));
+        if allocated < 0 || reserved < 0 || !holds_block {
+            return Err(format!(
+                "totals allocated {allocated}, reserved {reserved} around a {data_type:?} of {size}"
+            ));
+        }
+        Ok(MemoryUsage {
             device_index: b[1] as i8,
             component,
             data_type,
-            ptr: word(8) as u64,
-            size: word(16).unsigned_abs(),
-            total_allocated: word(24),
-            total_reserved: word(32),
+            ptr,
+            size: size.unsigned_abs(),
+            total_allocated: allocated,
+            total_reserved: reserved,
             stream: word(48) as u64,
         })
     }
@@ -489,16 +470,47 @@ mod tests {
             (Component::CachingAllocator, DataType::BlockFree, 64)
         );
         // Not a PrivateUse1 report, a short copy, or an unknown data type: nothing.
-        let mut bad = usage(UsageLayout::Original, 0, 0, 1);
+        let mut bad = usage(UsageLayout::Original, 0, 0, 512);
         bad[0] = 1;
-        assert!(MemoryUsage::decode(UsageLayout::Original, &bad).is_none());
-        assert!(MemoryUsage::decode(UsageLayout::Original, &bad[..40]).is_none());
+        assert!(MemoryUsage::decode(UsageLayout::Original, &bad).is_err());
+        assert!(MemoryUsage::decode(UsageLayout::Original, &bad[..40]).is_err());
         assert!(
             MemoryUsage::decode(
                 UsageLayout::Original,
-                &usage(UsageLayout::Original, 0, 7, 1)
+                &usage(UsageLayout::Original, 0, 7, 512)
             )
-            .is_none()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_memory_usage_is_refused_with_the_reason() {
+        let layout = UsageLayout::WithComponent;
+        let good = usage(layout, 0, 0, 512);
+        assert!(MemoryUsage::decode(layout, &good).is_ok());
+        let with = |at: usize, v: i64| {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            MemoryUsage::decode(layout, &b).unwrap_err()
+        };
+        assert_eq!(with(8, 0x12c0_0000_0201), "block pointer 0x12c000000201");
+        assert_eq!(with(8, 0), "block pointer 0x0");
+        assert_eq!(with(16, -512), "size -512 on Malloc");
+        assert_eq!(
+            with(24, 100),
+            "totals allocated 100, reserved 2097152 around a Malloc of 512",
+            "an allocated total that does not hold the block"
+        );
+        assert!(with(32, 0).starts_with("totals"), "nothing reserved");
+        let mut b = good.clone();
+        b[2] = 9;
+        assert_eq!(
+            MemoryUsage::decode(layout, &b).unwrap_err(),
+            "component type 9"
+        );
+        assert_eq!(
+            MemoryUsage::decode(layout, &usage(layout, 0, 1, 512)).unwrap_err(),
+            "size 512 on Free"
         );
     }
 }

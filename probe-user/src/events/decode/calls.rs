@@ -162,8 +162,10 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             } else {
                 crate::trace::torch_npu::UsageLayout::WithComponent
             };
-            let usage = crate::trace::torch_npu::MemoryUsage::decode(layout, raw.data())?;
-            (Call::PtaUsage(usage), raw.ts_ns)
+            match crate::trace::torch_npu::MemoryUsage::decode(layout, raw.data()) {
+                Ok(usage) => (Call::PtaUsage(usage), raw.ts_ns),
+                Err(why) => (Call::PtaNotUsage(why), raw.ts_ns),
+            }
         }
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
