@@ -127,11 +127,10 @@ impl Session {
                 }
                 Decoded::Call(_) | Decoded::Exit { .. } => {
                     let mut ev = ev;
-                    match &ev {
-                        // Its interpreter is forgotten when the exit is applied, after the
-                        // calls before it (a batch may reach us after the exit record).
-                        Decoded::Call(c) => self.configure_python(c.pid, false),
-                        _ => {}
+                    // An exited process's interpreter is forgotten when its exit is applied,
+                    // after the calls before it (a batch may reach us after the exit record).
+                    if let Decoded::Call(c) = &ev {
+                        self.configure_python(c.pid, false);
                     }
                     if let Decoded::Call(CallEvent {
                         pid,
