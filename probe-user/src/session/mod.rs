@@ -146,6 +146,30 @@ struct Traced {
     finished: bool,
     /// The newest event time applied to this process (CLOCK_MONOTONIC ns).
     applied_ts: u64,
+    /// Rows dated after the call that made them (an operator's end row, made at its start's
+    /// turn), sorted by time: written once the calls before them are.
+    later_rows: Vec<Row>,
+}
+
+impl Traced {
+    /// Writes the rows of a call applied at `now` (realtime ns), keeping the file in time
+    /// order: rows dated later wait until a later call's turn (or the process's end).
+    fn write_rows(&mut self, now: u64, rows: &[Row]) {
+        let due = self.later_rows.partition_point(|r| r.ts_ns <= now);
+        for row in self.later_rows.drain(..due) {
+            if let Err(e) = self.out.write_ref(&row) {
+                log::error(&format!("{e:#}"));
+            }
+        }
+        for row in rows {
+            if row.ts_ns > now {
+                let at = self.later_rows.partition_point(|r| r.ts_ns <= row.ts_ns);
+                self.later_rows.insert(at, row.clone());
+            } else if let Err(e) = self.out.write_ref(row) {
+                log::error(&format!("{e:#}"));
+            }
+        }
+    }
 }
 
 pub struct Session {

@@ -64,11 +64,7 @@ impl Session {
                     if let Some(obs) = &mut self.cfg.observer {
                         obs.applied(&traced.state, &rows);
                     } else {
-                        for row in &rows {
-                            if let Err(e) = traced.out.write_ref(row) {
-                                log::error(&format!("{e:#}"));
-                            }
-                        }
+                        traced.write_rows(ts, &rows);
                     }
                     rows.clear();
                     self.rows = rows;
@@ -103,6 +99,7 @@ impl Session {
                 out,
                 finished: false,
                 applied_ts: 0,
+                later_rows: Vec::new(),
             }
         })
     }
@@ -123,6 +120,8 @@ impl Session {
             self.order.retain(|p| *p != pid);
             return;
         }
+        let held = std::mem::take(&mut t.later_rows);
+        t.write_rows(u64::MAX, &held);
         for row in t.state.finish_atb(&self.cfg.track) {
             if let Err(e) = t.out.write(row) {
                 log::error(&format!("{e:#}"));
