@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use super::escape;
 use super::model::{LiveBlock, Model};
 
 pub const NO_STACK: &str = "[no call stack: trace with --call-stack=c]";
@@ -135,7 +136,7 @@ pub fn folded_frames(stack: &str) -> Vec<String> {
             Some(loc) => format!("{} ({})", f.function, short_location(loc)),
             None => f.function.to_owned(),
         })
-        .map(|s| s.replace(';', ":"))
+        .map(|s| escape::frame(&s))
         .collect();
     v.reverse();
     v
@@ -189,7 +190,7 @@ pub fn by_site(model: &Model, blocks: &[LiveBlock], by_stack: bool) -> Vec<SiteR
 pub fn folded(model: &Model, blocks: &[LiveBlock]) -> String {
     let mut acc: HashMap<String, u64> = HashMap::new();
     for b in blocks {
-        let mut frames = vec![model.name(b.owner).replace(';', ":")];
+        let mut frames = vec![escape::frame(model.name(b.owner))];
         frames.extend(folded_frames(model.stack(b.stack)));
         *acc.entry(frames.join(";")).or_default() += b.size;
     }
@@ -213,7 +214,7 @@ pub fn speedscope(model: &Model, profiles: &[(String, Vec<LiveBlock>)]) -> serde
         let mut weights = Vec::new();
         let mut total = 0u64;
         for b in blocks {
-            let mut stack = vec![model.name(b.owner).to_owned()];
+            let mut stack = vec![escape::frame(model.name(b.owner))];
             stack.extend(folded_frames(model.stack(b.stack)));
             let ids: Vec<usize> = stack
                 .into_iter()
