@@ -9,6 +9,12 @@
 //!   (returned as `ACL_INIT`/`ACL_FINI`), decimal `Ptr` and `addr` values, `host` as a device,
 //!   and Attr keys such as `owner:` and `MID:` without `allocation_id`.
 //!
+//! * msMemScope's own quirks, read as msMemScope meant them: the FREE row with `shadow:true`
+//!   it writes at exit for every block still live says what was live, it frees nothing, so
+//!   [`for_each_row`] leaves it out (the block stays live to the end of the replay); and a
+//!   Name its CSV writer wrapped in quotes once per device file it was copied to
+//!   (`""step start""` in the second) is read back as the name (`step start`).
+//!
 //! Anything malformed is an [`InputError`] naming the file and the line (CSV) or row (db).
 
 use std::{
@@ -59,6 +65,12 @@ pub struct DumpRow {
 }
 
 impl DumpRow {
+    /// msMemScope's FREE of a block that was still live when the process exited (or when
+    /// its tracing stopped): written with `shadow:true`, it marks the block live, not freed.
+    pub fn is_shadow_free(&self) -> bool {
+        self.event == "FREE" && self.attr("shadow") == Some("true")
+    }
+
     /// The value of Attr key `key`, if present.
     pub fn attr(&self, key: &str) -> Option<&str> {
         self.attr
@@ -172,9 +184,15 @@ where
     F: FnMut(Loc, DumpRow) -> Result<()>,
 {
     let kind = detect_kind(path)?;
+    let mut real = |loc: Loc, row: DumpRow| {
+        if row.is_shadow_free() {
+            return Ok(());
+        }
+        f(loc, row)
+    };
     match kind {
-        DumpKind::Csv => read_csv(path, &mut f)?,
-        DumpKind::Db => read_db(path, &mut f)?,
+        DumpKind::Csv => read_csv(path, &mut real)?,
+        DumpKind::Db => read_db(path, &mut real)?,
     }
     Ok(kind)
 }
@@ -229,10 +247,28 @@ impl Records {
             self.cur.push(b'\n');
         }
         self.open = true;
-        for &b in line {
+        let mut i = 0;
+        while i < line.len() {
+            let b = line[i];
+            i += 1;
             match self.st {
+                St::Start if b == b'"' => {
+                    if let Some(end) = requoted_field_end(line, i - 1) {
+                        // `""name""`: msMemScope's quotes around quotes, all of it wrapping.
+                        let raw = &line[i - 1..end];
+                        let start = raw.iter().position(|&c| c != b'"').unwrap_or(raw.len());
+                        let stop = raw
+                            .iter()
+                            .rposition(|&c| c != b'"')
+                            .map_or(start, |p| p + 1);
+                        self.cur.extend_from_slice(&raw[start..stop]);
+                        i = end;
+                        self.st = St::Unquoted;
+                    } else {
+                        self.st = St::Quoted;
+                    }
+                }
                 St::Start => match b {
-                    b'"' => self.st = St::Quoted,
                     b',' => self.fields.push(Vec::new()),
                     _ => {
                         self.cur.push(b);
@@ -290,6 +326,23 @@ impl Records {
     fn take(&mut self) -> Vec<Vec<u8>> {
         std::mem::take(&mut self.fields)
     }
+}
+
+/// Where a field that opens with an even run of quotes followed by text ends (the next comma
+/// or the line's end): msMemScope's twice-quoted name (`""step start""`), which standard CSV
+/// cannot read (a closed quote followed by text). None for anything standard CSV reads.
+fn requoted_field_end(line: &[u8], start: usize) -> Option<usize> {
+    let run = line[start..].iter().take_while(|&&c| c == b'"').count();
+    let after = *line.get(start + run)?;
+    if run < 2 || run % 2 != 0 || after == b',' {
+        return None;
+    }
+    Some(
+        line[start + run..]
+            .iter()
+            .position(|&c| c == b',')
+            .map_or(line.len(), |p| start + run + p),
+    )
 }
 
 fn read_csv(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Result<()> {
@@ -543,6 +596,11 @@ fn parse_fields(fields: Vec<String>, kind: DumpKind) -> Result<DumpRow, String> 
     };
     let name = match kind {
         DumpKind::Db => unquote(&name),
+        // msMemScope wraps a name in quotes again for each device file it copies it to: the
+        // CSV layer took one pair, or (an even count) none; what is left is all wrapping.
+        DumpKind::Csv if name.len() >= 2 && name.starts_with('"') && name.ends_with('"') => {
+            name.trim_matches('"').to_string()
+        }
         DumpKind::Csv => name,
     };
     Ok(DumpRow {
@@ -675,6 +733,27 @@ mod tests {
             return Err("open".into());
         }
         Ok(out)
+    }
+
+    /// msMemScope wraps a name in one more pair of quotes per device file it copies it to.
+    #[test]
+    fn names_quoted_again_and_again_read_as_the_name() {
+        for k in 1..=5 {
+            let q = "\"".repeat(k);
+            let line = format!("2,MSTX,Range_start,{q}step start{q},1,7,7,N/A,N/A,,,");
+            let rec = records(&[&line]).unwrap_or_else(|e| panic!("{k} pairs: {e}"));
+            let fields: Vec<String> = rec[0].clone();
+            assert_eq!(fields.len(), 12, "{k} pairs: {fields:?}");
+            let row = parse_fields(fields, DumpKind::Csv).unwrap();
+            assert_eq!(row.name, "step start", "{k} pairs");
+        }
+        // Standard CSV is read as before: empty, a quote, quotes inside.
+        assert_eq!(records(&["\"\",x"]).unwrap(), vec![vec!["", "x"]]);
+        assert_eq!(records(&["\"\"\"\",x"]).unwrap(), vec![vec!["\"", "x"]]);
+        assert_eq!(
+            records(&["\"\"\"a\"\" b\",x"]).unwrap(),
+            vec![vec!["\"a\" b", "x"]]
+        );
     }
 
     #[test]
