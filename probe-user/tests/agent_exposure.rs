@@ -9,9 +9,15 @@ use std::{net::TcpStream, os::unix::process::CommandExt, process::Command, time:
 
 use common::{agent::*, *};
 
-fn fd_count(pid: u32) -> usize {
+/// Sockets a process holds (its other descriptors come and go with the traced processes of
+/// a shared machine).
+fn socket_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+        })
         .count()
 }
 
@@ -52,15 +58,15 @@ fn agent_refuses_foreign_host_names_and_bounds_its_connections() {
     }
 
     // A local user opens connections and sends nothing: the agent's descriptors stay bounded.
-    let before = fd_count(agent.pid());
+    let before = socket_count(agent.pid());
     let idle: Vec<TcpStream> = (0..120)
         .filter_map(|_| TcpStream::connect(&agent.addr).ok())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let during = fd_count(agent.pid());
+    let during = socket_count(agent.pid());
     assert!(
-        during <= before + 32 + 4,
-        "{} idle connections took {} descriptors of the agent",
+        during <= before + 32,
+        "{} idle connections took {} sockets of the agent (at most 32 at once)",
         idle.len(),
         during - before
     );

@@ -57,10 +57,11 @@ fn usage(pid: u32) -> Usage {
     }
 }
 
-/// One short traced job: a few HAL allocations and frees, then exit. Returns its pid.
+/// One short traced job: HAL allocations and frees for 20 ms, then exit (long enough for the
+/// agent to see it alive and read its maps for its sampled stacks). Returns its pid.
 fn short_job() -> u32 {
     let out = Command::new(bin("workload"))
-        .args(["--steps", "1", "--allocs", "2", "--leaks", "0"])
+        .args(["--loop-ms", "20"])
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
