@@ -1,7 +1,8 @@
-//! Stored XSS in the HTML report (issue 27): names in a dump (an owner label, a C function or a
-//! source file name, as a traced program can choose them) are markup-free text wherever the
-//! page shows them, tooltips included, in real Chromium. No root needed: the dump is written
-//! here the way a hostile user would hand it over.
+//! Names chosen by a hostile user (issue 27): an owner label, a C function or a source file
+//! name in a dump (as a traced program can choose them) are markup-free text wherever the HTML
+//! page shows them, tooltips included, in real Chromium; and one frame of the flame-graph
+//! input (`.folded`), never extra stacks with byte counts of their choosing. No root needed:
+//! the dumps are written here the way a hostile user would hand them over.
 
 mod common;
 
@@ -130,5 +131,39 @@ fn names_from_a_dump_never_become_markup_in_the_report() {
     assert_eq!(
         check["imgs"], 0,
         "markup from the dump in the page: {check}"
+    );
+}
+
+/// A label ending in ` <bytes>` and a line break would make a stack of its own, with a byte
+/// count of the user's choosing, in flamegraph.pl's input.
+#[test]
+fn an_owner_label_cannot_add_stacks_to_the_folded_file() {
+    let dir = scratch("folded_label");
+    let dump = dir.join("memscope_dump_20260101000000.csv");
+    let stack = "0x0000000000401100 main at /src/app.c:9\n";
+    let rows = [
+        "1,SYSTEM,acl init,N/A,1000,7,7,N/A,N/A,,,".to_owned(),
+        format!(
+            "2,MALLOC,HAL,N/A,2000,7,7,0,0x0000000000001000,\"{{allocation_id:1,addr:0x0000000000001000,size:1048576,owner:PTA@fake;stack 999999999\nPTA@real,page_type:normal}}\",,\"{stack}\""
+        ),
+    ];
+    std::fs::write(&dump, format!("{HEADER}\n{}\n", rows.join("\n"))).unwrap();
+    let out = Command::new(TRACER)
+        .args(["report", "--format=folded", "-i"])
+        .arg(&dump)
+        .arg("-o")
+        .arg(dir.join("run.html"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "report: {out:?}");
+    let folded = std::fs::read_to_string(dir.join("run.exit.folded")).unwrap();
+    let lines: Vec<&str> = folded.lines().collect();
+    assert_eq!(lines.len(), 1, "one live block, one stack: {folded:?}");
+    let (frames, bytes) = lines[0].rsplit_once(' ').unwrap();
+    assert_eq!(bytes, "1048576", "{folded:?}");
+    assert_eq!(
+        frames.split(';').nth(1),
+        Some("PTA@fake:stack 999999999\\nPTA@real"),
+        "the label is one frame: {folded:?}"
     );
 }
