@@ -16,7 +16,10 @@ ENDPOINTS:
                                   alloc_space, alloc_objects), gzipped profile.proto
     /debug/pprof/heap?pid=PID     the same for one process
 
-SIGTERM, SIGINT or SIGHUP detaches the probes and exits 0.
+SIGTERM, SIGINT or SIGHUP detaches the probes and exits 0. There is no authentication: every
+local user (every client, with a non-loopback --listen) reads every traced process's names,
+memory and stacks. Requests must name the agent by IP address, localhost, this host's name or
+an --allow-host name; at most 32 connections are served at once (docs/security.md).
 
 EXAMPLES:
     sudo memscope-bpf agent
