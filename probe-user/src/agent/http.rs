@@ -308,3 +308,36 @@ pub fn serve(
         })
         .expect("spawn the HTTP thread")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_a_rebound_page_sends_are_refused() {
+        let hosts = AllowedHosts::new(&["Scrape.Example".into()]);
+        for ok in [
+            "127.0.0.1:9464",
+            "10.0.0.7",
+            "[::1]:9464",
+            "localhost:9464",
+            "LOCALHOST.",
+            "scrape.example:80",
+        ] {
+            assert!(hosts.allows(Some(ok)), "{ok}");
+        }
+        for bad in [
+            "evil.example:9464",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "[::1",
+            "::1",
+            "",
+        ] {
+            assert!(!hosts.allows(Some(bad)), "{bad}");
+        }
+        assert!(hosts.allows(None), "HTTP/1.0 without Host");
+        let head = "GET / HTTP/1.1\r\nhOsT:  a.example:1 \r\nX: y\r\n\r\n";
+        assert_eq!(host_header(head), Some("a.example:1"));
+    }
+}

@@ -122,13 +122,7 @@ impl Session {
                 Decoded::Call(_) | Decoded::Exit { .. } => {
                     let mut ev = ev;
                     match &ev {
-                        Decoded::Exit { pid, .. } => {
-                            self.forget_python(*pid);
-                            if let Some(r) = &mut self.stacks {
-                                r.forget(*pid);
-                            }
-                            self.kernel_names.forget(*pid);
-                        }
+                        Decoded::Exit { pid, .. } => self.forget_python(*pid),
                         Decoded::Call(c) => self.configure_python(c.pid, false),
                         _ => {}
                     }
