@@ -114,8 +114,7 @@ fn thousands_of_short_jobs_leave_the_agents_fds_threads_and_memory_bounded() {
             .unwrap_or(0)
     };
     // The symbolizer keeps the one copy it parsed. The last jobs' stacks may still be
-    // resolving (their files are held until then): give
-    // the agent a moment to settle, then compare.
+    // resolving (their files are held until then): give the agent a moment to settle.
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
     while ours(pid) > 2 && Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(200));
