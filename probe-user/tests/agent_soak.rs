@@ -138,20 +138,23 @@ fn thousands_of_short_jobs_leave_the_agents_fds_threads_and_memory_bounded() {
         "{held} descriptors of exited jobs' files still held: {before:?} -> {after:?}; \
          new: {grown:?}"
     );
-    // Loose, for others' processes on a shared machine (each runs at most a few at once).
+    // A leak shows as copies of the same files (libc, ld.so) piling up, one per job. The
+    // symbolizer keeps one open copy of each distinct object it parsed, and a process alive
+    // now pins its own: on a shared machine, others' jobs add a few of those.
+    let piled: Vec<&(String, usize)> = grown.iter().filter(|(_, n)| *n > 16).collect();
     assert!(
-        after.fds <= before.fds + 64,
-        "descriptors grew with the jobs: {before:?} -> {after:?}; new: {grown:?}"
+        piled.is_empty(),
+        "descriptors of the same files piled up: {piled:?}; {before:?} -> {after:?}"
     );
     // The HTTP thread's blocking pool may hold a few idle threads for a while.
     assert!(
         after.threads <= before.threads + 8,
         "threads grew with the jobs: {before:?} -> {after:?}"
     );
-    // ~1 MiB per job before the fix; others' jobs (a torch run's libraries parsed for their
-    // stacks) can take a few hundred MiB on a shared machine.
+    // ~1 MiB per job before the fix. Loose: others' jobs on a shared machine (a torch run's
+    // libraries parsed once for their stacks) took over 500 MiB while 5,000 jobs ran.
     assert!(
-        after.rss_kib <= before.rss_kib + 512 * 1024,
+        after.rss_kib <= before.rss_kib + 1024 * 1024,
         "resident memory grew with the jobs: {before:?} -> {after:?}"
     );
     let (code, stderr) = agent.stop();
