@@ -67,8 +67,9 @@ impl Bench {
              {jobs} short traced jobs run one after another (`workload --loop-ms 20`: HAL \
              allocations and frees for 20 ms; {:.0} s in all), measured after 20 warm-up jobs \
              and again once the last job's exit is in /metrics \
-             (`probe-user/tests/agent_soak.rs`, which asserts the bounds: at most 2 open on the jobs' executable, 16 more \
-             copies of a file, 8 more threads, 1 GiB more resident memory). The agent traces \
+             (`probe-user/tests/agent_soak.rs`, which asserts the bounds: at most 2 open \
+             on the jobs' executable, 16 more copies of any file, 8 more threads, 1 GiB more \
+             resident memory). The agent traces \
              every process of the machine: on a shared one, others' jobs (their libraries \
              parsed for their stacks, their own probe links) count in the totals; the \
              descriptors still open on the jobs' own executable are theirs alone (one: the \
