@@ -27,8 +27,28 @@ pub fn enabled(level: LogLevel) -> bool {
 
 fn emit(level: LogLevel, tag: &str, msg: &str) {
     if enabled(level) {
-        eprintln!("[memscope-bpf] {tag}{msg}");
+        line(&format!("[memscope-bpf] {tag}{msg}"));
     }
+}
+
+/// Writes one line to stderr, or nothing when stderr is gone (a closed pipe or terminal, a
+/// full device): a message must never stop the tracer (`eprintln!` panics then), and the
+/// run's files are written whatever happened to the console.
+pub fn line(text: &str) {
+    use std::io::Write;
+    let mut buf = String::with_capacity(text.len() + 1);
+    buf.push_str(text);
+    buf.push('\n');
+    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
+}
+
+/// [`line`] on stdout (help text): a reader that went away is no error of ours.
+pub fn stdout_line(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
 }
 
 pub fn debug(msg: &str) {

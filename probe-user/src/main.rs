@@ -29,11 +29,11 @@ fn main() -> ExitCode {
     let opts = match cli::parse_from(argv) {
         Ok(o) => o,
         Err(e) if e.exit_code == 0 => {
-            println!("{}", e.message);
+            log::stdout_line(&e.message);
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("memscope-bpf: {}", e.message);
+            log::line(&format!("memscope-bpf: {}", e.message));
             return ExitCode::from(e.exit_code.clamp(1, 255) as u8);
         }
     };
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let usage = e.downcast_ref::<UsageError>().is_some();
-            eprintln!("memscope-bpf: error: {e:#}");
+            log::line(&format!("memscope-bpf: error: {e:#}"));
             ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
         }
     }

@@ -5,9 +5,9 @@ use std::{collections::HashMap, fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use object::{
-    Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SymbolKind,
+    Endian, Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SymbolKind,
     elf::{self, PT_LOAD},
-    read::elf::{Dyn, ElfFile64, ProgramHeader},
+    read::elf::{Dyn, ElfFile64, ProgramHeader, SectionHeader},
 };
 
 /// A function symbol defined in an object.
@@ -98,11 +98,21 @@ impl ElfObject {
         let mut out = ElfObject::default();
         let dynsym = file.elf_dynamic_symbol_table();
         let sections = file.elf_section_table();
+        // A table without bloom words is no table: object's lookup computes `count - 1` for
+        // it, which panics in a debug build (a crafted or half-written library; seen in the
+        // agent's soak test while a fixture was being rebuilt).
+        let has_bloom_words = sections.iter().any(|s| {
+            s.sh_type(endian) == elf::SHT_GNU_HASH
+                && s.data(endian, data).is_ok_and(|d| {
+                    d.get(8..12)
+                        .is_some_and(|w| endian.read_u32_bytes(w.try_into().unwrap()) > 0)
+                })
+        });
         let hash = sections
             .gnu_hash(endian, data)
             .ok()
             .flatten()
-            .filter(|(_, link)| *link == dynsym.section());
+            .filter(|(_, link)| has_bloom_words && *link == dynsym.section());
         match &hash {
             Some((table, _)) if !dynsym.is_empty() => {
                 let versions = sections
@@ -383,6 +393,37 @@ mod tests {
             // Must not panic; an error or a partial result are both fine.
             let _ = ElfObject::parse(&exe[..cut]);
         }
+    }
+
+    /// A `.gnu.hash` with no bloom words (crafted, or a library caught half-written) is
+    /// read as no table: the lookup falls back to the pass over `.dynsym`, without a panic.
+    #[test]
+    fn a_gnu_hash_table_without_bloom_words_is_no_table() {
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so") || p.contains("/libc-"))
+            .expect("libc mapped");
+        let mut data = fs::read(libc).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let (at, _) = file
+            .section_by_name(".gnu.hash")
+            .and_then(|s| s.file_range())
+            .expect("libc has .gnu.hash");
+        drop(file);
+        let bloom_size = at as usize + 8;
+        data[bloom_size..bloom_size + 4].copy_from_slice(&0u32.to_ne_bytes());
+        let lookup = Lookup {
+            names: &["malloc"],
+            scan: None,
+            cold_of: &|_| false,
+        };
+        let obj = ElfObject::parse_lookup(&data, &lookup).unwrap();
+        assert!(
+            obj.functions.contains_key("malloc"),
+            "found by the pass over .dynsym"
+        );
     }
 
     #[test]

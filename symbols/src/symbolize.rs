@@ -2,6 +2,7 @@
 
 use std::{
     collections::HashMap,
+    fs::File,
     os::unix::fs::MetadataExt,
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -61,7 +62,37 @@ struct FileIdentity {
 struct Cache {
     by_identity: HashMap<FileIdentity, Result<Arc<ObjectInfo>, Arc<str>>>,
     by_build_id: HashMap<Vec<u8>, Arc<ObjectInfo>>,
+    /// The open file behind each parsed object (the descriptor the object reads through):
+    /// tells when the file was deleted.
+    files: HashMap<FileIdentity, Arc<File>>,
     parsed: usize,
+}
+
+impl Cache {
+    /// Forgets the objects of files deleted since they were parsed: no process can map them
+    /// again, and a view of one still alive keeps its own reference. Without this a node
+    /// agent that runs for months holds an open descriptor and the symbols of every file it
+    /// ever parsed (say, each kernel a JIT compiler wrote to /tmp and removed).
+    fn drop_deleted(&mut self) {
+        let gone: Vec<FileIdentity> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.metadata().is_ok_and(|m| m.nlink() == 0))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            self.files.remove(&id);
+            self.by_identity.remove(&id);
+        }
+        // An object no file refers to any more leaves the build-id index too (files with
+        // the same build-id share one object).
+        let by_identity = &self.by_identity;
+        self.by_build_id.retain(|_, o| {
+            by_identity
+                .values()
+                .any(|r| matches!(r, Ok(x) if Arc::ptr_eq(x, o)))
+        });
+    }
 }
 
 /// Caches parsed objects (by build-id, else by dev+inode+size+mtime) so each is parsed once
@@ -126,13 +157,15 @@ impl Symbolizer {
         if let Some(r) = cache.by_identity.get(&id) {
             return r.clone().map_err(|e| anyhow!("{e}"));
         }
-        let source = Source::File(file);
+        cache.drop_deleted();
+        let source = Source::File(file.clone());
         let build_id = build_id_of(&source);
         if let Some(obj) = build_id
             .as_ref()
             .and_then(|b| cache.by_build_id.get(b))
             .cloned()
         {
+            cache.files.insert(id.clone(), file);
             cache.by_identity.insert(id, Ok(obj.clone()));
             return Ok(obj);
         }
@@ -143,6 +176,9 @@ impl Symbolizer {
         };
         let result = ObjectInfo::load(source, &search).map(Arc::new);
         cache.parsed += 1;
+        if result.is_ok() {
+            cache.files.insert(id.clone(), file);
+        }
         if let Ok(obj) = &result
             && let Some(b) = obj.build_id()
         {
@@ -242,6 +278,7 @@ impl Symbolizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn symbolizer_and_views_can_be_shared_across_threads() {
@@ -249,6 +286,40 @@ mod tests {
         assert_send_sync::<Symbolizer>();
         assert_send_sync::<ProcessView>();
         assert_send_sync::<ObjectInfo>();
+    }
+
+    /// A file deleted after it was parsed leaves the cache (and its descriptor is closed)
+    /// once another object is parsed; a file still on disk stays.
+    #[test]
+    fn objects_of_deleted_files_leave_the_cache() {
+        let dir = std::env::temp_dir().join(format!("memscope-symcache-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let exe = fs::read("/proc/self/exe").unwrap();
+        let symbolizer = Symbolizer::new();
+        let parse = |name: &str| {
+            let path = dir.join(name);
+            fs::write(&path, &exe).unwrap();
+            let ino = fs::metadata(&path).unwrap().ino();
+            let view = ProcessView::from_maps_text(&format!(
+                "7f0000000000-7f0000100000 r-xp 00000000 00:00 {ino} {}\n",
+                path.display()
+            ));
+            let _ = symbolizer.symbolize(&view, 0x7f0000000100, false);
+            path
+        };
+        let kept = parse("kept");
+        let gone = parse("gone");
+        assert_eq!(symbolizer.stats().files, 2);
+        fs::remove_file(&gone).unwrap();
+        parse("third");
+        assert_eq!(
+            symbolizer.stats().files,
+            2,
+            "the deleted file's object is gone"
+        );
+        assert!(kept.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

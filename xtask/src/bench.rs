@@ -22,6 +22,8 @@
 //!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
 //! * `agent`: the node agent's overhead on the HAL loop and its CPU use at a given event rate
 //!   (`bench/agent.rs`).
+//! * `agent-soak`: thousands of short traced jobs through one agent: its descriptors, threads
+//!   and memory before and after (`bench/soak.rs`, the test `agent_soak` at full size).
 //! * `replay`: user-space throughput: ≥ 10 M synthetic events through decode, tracker, each
 //!   writer and the leak analysis (`probe-user/examples/replay.rs`), with peak RSS.
 //! * `report`: the HTML report of a 10 M-event dump (written by the replay example): time to
@@ -58,12 +60,13 @@ mod placement;
 mod replay;
 mod report;
 mod results;
+mod soak;
 mod stacks;
 mod symbols;
 
 const TAG: &str = "[bench]";
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "harm",
     "insn",
     "overhead",
@@ -74,6 +77,7 @@ const SECTIONS: [&str; 10] = [
     "replay",
     "report",
     "agent",
+    "agent-soak",
 ];
 
 #[derive(Clone, Debug)]
@@ -154,6 +158,8 @@ struct Sample {
 
 struct Bench {
     repo: PathBuf,
+    /// Setup's environment for the cargo commands a section runs.
+    ready: setup::Ready,
     opts: Options,
     tracer: PathBuf,
     bin: PathBuf,
@@ -216,6 +222,7 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     fs::create_dir_all(&scratch)?;
     let mut b = Bench {
         repo: repo.to_path_buf(),
+        ready,
         tracer: target.join("release/memscope-bpf"),
         bin: repo.join("tests/fixtures/build/bin"),
         lib: repo.join("tests/fixtures/build/lib"),
@@ -234,12 +241,13 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
-    let (w_stacks, w_syms, w_report, w_harm, w_agent) = (
+    let (w_stacks, w_syms, w_report, w_harm, w_agent, w_soak) = (
         want("stacks"),
         want("symbols"),
         want("report"),
         want("harm"),
         want("agent"),
+        want("agent-soak"),
     );
     if w_insn {
         b.insn()?;
@@ -270,6 +278,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_agent {
         b.agent()?;
+    }
+    if w_soak {
+        b.agent_soak()?;
     }
     b.write(started.elapsed().as_secs_f64())?;
     Ok(0)

@@ -19,6 +19,13 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  // The one rule for text of the run that goes into markup (ECharts tooltips are HTML); all
+  // else is set with textContent. Names come from dumps and traced programs: never trusted.
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, function (c) {
+      return { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c];
+    });
+  }
   function fmtBytes(b) {
     var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0, v = b;
     while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
@@ -124,7 +131,7 @@
     return chart(parent, 'flame', {
       _points: data.length,
       title: { text: title, textStyle: { fontSize: 13 } },
-      tooltip: { formatter: function (p) { return p.value[3] + '<br>' + fmtBytes(p.value[4]) + ' (' + (100 * p.value[4] / Math.max(1, tree.v)).toFixed(1) + '%)'; } },
+      tooltip: { formatter: function (p) { return esc(p.value[3]) + '<br>' + fmtBytes(p.value[4]) + ' (' + (100 * p.value[4] / Math.max(1, tree.v)).toFixed(1) + '%)'; } },
       grid: { left: 8, right: 8, top: 28, bottom: 8 },
       xAxis: { show: false, min: 0, max: Math.max(1, tree.v) },
       yAxis: { show: false, inverse: true, min: 0, max: depth + 1 },

@@ -53,8 +53,31 @@ pub fn main(opts: AgentOptions) -> ExitCode {
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("memscope-bpf: error: {e:#}");
+            log::line(&format!("memscope-bpf: error: {e:#}"));
             ExitCode::from(1)
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: the agent pins the mapped files of
+/// the processes it resolves stacks for, and under systemd's default soft limit (1,024) a
+/// busy node runs out (the unit sets `LimitNOFILE` too).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let before = lim.rlim_cur;
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                log::debug(&format!(
+                    "open-file limit raised from {before} to {}",
+                    lim.rlim_max
+                ));
+            }
         }
     }
 }
@@ -79,7 +102,9 @@ fn run(opts: &AgentOptions) -> Result<()> {
     }
     let shared = Arc::new(Shared::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = http::serve(listener, shared.clone(), opts.sample_bytes, stop_rx);
+    raise_fd_limit();
+    let hosts = http::AllowedHosts::new(&opts.allow_hosts);
+    let server = http::serve(listener, shared.clone(), opts.sample_bytes, hosts, stop_rx);
     log::info(&format!(
         "serving /metrics, /ready and /debug/pprof/heap on http://{}",
         opts.listen
@@ -87,11 +112,22 @@ fn run(opts: &AgentOptions) -> Result<()> {
 
     let result = trace(opts, &shared);
     let _ = stop_tx.send(true);
+    // The listener closes with the server's thread: before the detacher below is forked,
+    // or that child would hold the port for its lifetime (a `systemctl restart` then fails
+    // with "Address already in use").
     let _ = server.join();
-    result
+    let bpf = result?;
+    // As for a single run (main.rs): benchmarks need the probes gone when the agent exits.
+    if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
+        drop(bpf);
+    } else {
+        bpf.detach_in_background();
+    }
+    Ok(())
 }
 
-fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
+/// Traces until a signal; returns the BPF side, still attached, for the caller to release.
+fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<bpf::Bpf> {
     let tracefs = tracefs::ensure_mounted()?;
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // Never hold a process: the agent watches jobs it did not start.
@@ -202,11 +238,5 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<()> {
             .with_context(|| format!("cannot write the heap profile {}", path.display()))?;
         log::info(&format!("heap profile written to {}", path.display()));
     }
-    // As for a single run (main.rs): benchmarks need the probes gone when the agent exits.
-    if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
-        drop(result.bpf);
-    } else {
-        result.bpf.detach_in_background();
-    }
-    Ok(())
+    Ok(result.bpf)
 }

@@ -16,7 +16,10 @@ ENDPOINTS:
                                   alloc_space, alloc_objects), gzipped profile.proto
     /debug/pprof/heap?pid=PID     the same for one process
 
-SIGTERM or SIGINT detaches the probes and exits 0.
+SIGTERM, SIGINT or SIGHUP detaches the probes and exits 0. There is no authentication: every
+local user (every client, with a non-loopback --listen) reads every traced process's names,
+memory and stacks. Requests must name the agent by IP address, localhost, this host's name or
+an --allow-host name; at most 32 connections are served at once (docs/security.md).
 
 EXAMPLES:
     sudo memscope-bpf agent
@@ -31,6 +34,12 @@ pub struct AgentOptions {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_listen,
         verbatim_doc_comment)]
     pub listen: SocketAddr,
+    /// A name clients may reach the agent by (repeatable), besides IP
+    /// addresses, localhost and this host's own name: requests with any
+    /// other Host header are refused (a web page cannot read the agent
+    /// through a DNS name of its own)
+    #[arg(long = "allow-host", value_name = "NAME", verbatim_doc_comment)]
+    pub allow_hosts: Vec<String>,
     /// A library to probe from the start (repeatable), e.g. a CANN
     /// install's libascend_hal.so; others are found as processes open them
     #[arg(long = "lib", value_name = "PATH", value_parser = parse_lib, verbatim_doc_comment)]

@@ -121,7 +121,14 @@ impl Builder {
         id
     }
 
+    /// A location names its function, file and line, never its absolute address: the
+    /// profile goes to any local user who can reach the agent, and the code addresses of
+    /// another user's (or root's) process would undo its address-space randomization.
     fn location(&mut self, f: &Frame) -> u64 {
+        let f = &Frame {
+            address: 0,
+            ..f.clone()
+        };
         if let Some(id) = self.locations.get(f) {
             return *id;
         }
@@ -132,7 +139,6 @@ impl Builder {
         int_field(&mut line, 2, f.line as u64);
         let mut m = Vec::new();
         int_field(&mut m, 1, id);
-        int_field(&mut m, 3, f.address);
         bytes_field(&mut m, 4, &line);
         self.location_msgs.push(m);
         self.locations.insert(f.clone(), id);
@@ -259,6 +265,38 @@ mod tests {
         let f = parse_frame("0x0000000000401000 libfoo.so+0x1a2").unwrap();
         assert_eq!(f.function, "libfoo.so+0x1a2");
         assert_eq!(parse_frame("[truncated]"), None);
+    }
+
+    /// Issue 27: `/debug/pprof/heap` is open to every local user; the code addresses of a
+    /// process they cannot read the maps of must not be in it.
+    #[test]
+    fn profiles_carry_no_absolute_code_addresses() {
+        let address: u64 = 0x7f3a_5c21_1234;
+        let mut p = ProcessSnapshot {
+            pid: 7,
+            comm: "job".into(),
+            ..Default::default()
+        };
+        p.heap.insert(
+            format!("0x{address:016x} thread_main at src/workload.c:245\n").into(),
+            HeapEntry {
+                inuse_objects: 1.0,
+                inuse_bytes: 4096.0,
+                alloc_objects: 1.0,
+                alloc_bytes: 4096.0,
+            },
+        );
+        let gz = heap_profile(std::iter::once(&p), 0);
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+        let mut encoded = Vec::new();
+        varint(&mut encoded, address);
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.contains("thread_main"), "the frame is still named");
+        assert!(
+            !raw.windows(encoded.len()).any(|w| w == encoded),
+            "the profile holds the absolute address {address:#x}"
+        );
     }
 
     #[test]

@@ -18,6 +18,12 @@ impl KernelNames {
         self.views.remove(&pid);
     }
 
+    /// The process is gone: its view (and the files it opened) and its names go too.
+    pub fn forget(&mut self, pid: u32) {
+        self.views.remove(&pid);
+        self.names.retain(|(p, _), _| *p != pid);
+    }
+
     /// The function at `addr` in process `pid`, if its module has a symbol for it.
     pub fn name(&mut self, pid: u32, addr: u64) -> Option<String> {
         if let Some(n) = self.names.get(&(pid, addr)) {

@@ -136,6 +136,13 @@ impl StackResolver {
         self.views.remove(&pid);
     }
 
+    /// The process is gone: let its view go, and with it the files it pinned (jobs already
+    /// queued hold their own reference). Without this a long-running agent keeps a few
+    /// descriptors per exited process forever.
+    pub fn forget(&mut self, pid: u32) {
+        self.views.remove(&pid);
+    }
+
     /// Snapshots a process's mappings now (it is about to exit; see `ProbeId::LibcExit`).
     pub fn snapshot(&mut self, pid: u32) {
         if let Ok(v) = ProcessView::from_pid(pid) {

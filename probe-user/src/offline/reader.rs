@@ -9,6 +9,12 @@
 //!   (returned as `ACL_INIT`/`ACL_FINI`), decimal `Ptr` and `addr` values, `host` as a device,
 //!   and Attr keys such as `owner:` and `MID:` without `allocation_id`.
 //!
+//! * msMemScope's own quirks, read as msMemScope meant them: the FREE row with `shadow:true`
+//!   it writes at exit for every block still live says what was live, it frees nothing, so
+//!   [`for_each_row`] leaves it out (the block stays live to the end of the replay); and a
+//!   Name its CSV writer wrapped in quotes once per device file it was copied to
+//!   (`""step start""` in the second) is read back as the name (`step start`).
+//!
 //! Anything malformed is an [`InputError`] naming the file and the line (CSV) or row (db).
 
 use std::{
@@ -23,11 +29,14 @@ use anyhow::Result;
 use rusqlite::{Connection, OpenFlags, types::ValueRef};
 
 use super::{InputError, check_input_file, excerpt};
+
+mod records;
 use crate::output::{
     DeviceKey, attr,
     csv::CSV_HEADER,
     db::{BUSY_TIMEOUT, COLUMNS, TABLE},
 };
+use records::Records;
 
 /// Which kind of file a dump is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +68,12 @@ pub struct DumpRow {
 }
 
 impl DumpRow {
+    /// msMemScope's FREE of a block that was still live when the process exited (or when
+    /// its tracing stopped): written with `shadow:true`, it marks the block live, not freed.
+    pub fn is_shadow_free(&self) -> bool {
+        self.event == "FREE" && self.attr("shadow") == Some("true")
+    }
+
     /// The value of Attr key `key`, if present.
     pub fn attr(&self, key: &str) -> Option<&str> {
         self.attr
@@ -172,9 +187,15 @@ where
     F: FnMut(Loc, DumpRow) -> Result<()>,
 {
     let kind = detect_kind(path)?;
+    let mut real = |loc: Loc, row: DumpRow| {
+        if row.is_shadow_free() {
+            return Ok(());
+        }
+        f(loc, row)
+    };
     match kind {
-        DumpKind::Csv => read_csv(path, &mut f)?,
-        DumpKind::Db => read_db(path, &mut f)?,
+        DumpKind::Csv => read_csv(path, &mut real)?,
+        DumpKind::Db => read_db(path, &mut real)?,
     }
     Ok(kind)
 }
@@ -192,105 +213,6 @@ pub fn read_rows(path: &Path) -> Result<Vec<DumpRow>> {
 // ---------------------------------------------------------------------------------------------
 // CSV
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum St {
-    /// At the start of a field.
-    Start,
-    Unquoted,
-    Quoted,
-    /// Just after a quote inside a quoted field: `"` doubles it, `,` ends the field.
-    AfterQuote,
-}
-
-/// Splits CSV records fed one physical line at a time.
-struct Records {
-    fields: Vec<Vec<u8>>,
-    cur: Vec<u8>,
-    st: St,
-    /// A record is in progress (a quoted field continues on the next line).
-    open: bool,
-}
-
-impl Records {
-    fn new() -> Self {
-        Records {
-            fields: Vec::with_capacity(12),
-            cur: Vec::new(),
-            st: St::Start,
-            open: false,
-        }
-    }
-
-    /// Feeds one line without its line ending. `Ok(true)` when the record is complete.
-    fn feed(&mut self, line: &[u8]) -> Result<bool, String> {
-        if self.open {
-            // Continuing a quoted field across a line break.
-            self.cur.push(b'\n');
-        }
-        self.open = true;
-        for &b in line {
-            match self.st {
-                St::Start => match b {
-                    b'"' => self.st = St::Quoted,
-                    b',' => self.fields.push(Vec::new()),
-                    _ => {
-                        self.cur.push(b);
-                        self.st = St::Unquoted;
-                    }
-                },
-                St::Unquoted => {
-                    if b == b',' {
-                        self.end_field();
-                    } else {
-                        self.cur.push(b);
-                    }
-                }
-                St::Quoted => {
-                    if b == b'"' {
-                        self.st = St::AfterQuote;
-                    } else {
-                        self.cur.push(b);
-                    }
-                }
-                St::AfterQuote => match b {
-                    b'"' => {
-                        self.cur.push(b'"');
-                        self.st = St::Quoted;
-                    }
-                    b',' => self.end_field(),
-                    _ => {
-                        return Err(format!(
-                            "field {} has text after its closing quote (a quote inside a \
-                             quoted field must be doubled)",
-                            self.fields.len() + 1
-                        ));
-                    }
-                },
-            }
-        }
-        if self.st == St::Quoted {
-            return Ok(false);
-        }
-        self.end_field();
-        self.open = false;
-        Ok(true)
-    }
-
-    /// Bytes held for the record in progress.
-    fn pending_bytes(&self) -> usize {
-        self.cur.len() + self.fields.iter().map(Vec::len).sum::<usize>()
-    }
-
-    fn end_field(&mut self) {
-        self.fields.push(std::mem::take(&mut self.cur));
-        self.st = St::Start;
-    }
-
-    fn take(&mut self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.fields)
-    }
-}
 
 fn read_csv(path: &Path, f: &mut dyn FnMut(Loc, DumpRow) -> Result<()>) -> Result<()> {
     let io_err = |e: std::io::Error| InputError::file(path, format!("cannot be read: {e}"));
@@ -543,6 +465,11 @@ fn parse_fields(fields: Vec<String>, kind: DumpKind) -> Result<DumpRow, String> 
     };
     let name = match kind {
         DumpKind::Db => unquote(&name),
+        // msMemScope wraps a name in quotes again for each device file it copies it to: the
+        // CSV layer took one pair, or (an even count) none; what is left is all wrapping.
+        DumpKind::Csv if name.len() >= 2 && name.starts_with('"') && name.ends_with('"') => {
+            name.trim_matches('"').to_string()
+        }
         DumpKind::Csv => name,
     };
     Ok(DumpRow {
@@ -656,43 +583,28 @@ fn parse_attr(s: &str, kind: DumpKind) -> Result<Vec<(String, String)>, String> 
 
 #[cfg(test)]
 mod tests {
+    use super::records::tests::records;
     use super::*;
 
-    fn records(lines: &[&str]) -> Result<Vec<Vec<String>>, String> {
-        let mut r = Records::new();
-        let mut out = Vec::new();
-        for l in lines {
-            if r.feed(l.as_bytes())? {
-                out.push(
-                    r.take()
-                        .into_iter()
-                        .map(|f| String::from_utf8(f).unwrap())
-                        .collect(),
-                );
-            }
-        }
-        if r.open {
-            return Err("open".into());
-        }
-        Ok(out)
-    }
-
+    /// msMemScope wraps a name in one more pair of quotes per device file it copies it to.
     #[test]
-    fn csv_records_with_quotes_commas_and_newlines() {
-        assert_eq!(records(&["a,b,,c"]).unwrap(), vec![vec!["a", "b", "", "c"]]);
-        assert_eq!(records(&["a,"]).unwrap(), vec![vec!["a", ""]]);
+    fn names_quoted_again_and_again_read_as_the_name() {
+        for k in 1..=5 {
+            let q = "\"".repeat(k);
+            let line = format!("2,MSTX,Range_start,{q}step start{q},1,7,7,N/A,N/A,,,");
+            let rec = records(&[&line]).unwrap_or_else(|e| panic!("{k} pairs: {e}"));
+            let fields: Vec<String> = rec[0].clone();
+            assert_eq!(fields.len(), 12, "{k} pairs: {fields:?}");
+            let row = parse_fields(fields, DumpKind::Csv).unwrap();
+            assert_eq!(row.name, "step start", "{k} pairs");
+        }
+        // Standard CSV is read as before: empty, a quote, quotes inside.
+        assert_eq!(records(&["\"\",x"]).unwrap(), vec![vec!["", "x"]]);
+        assert_eq!(records(&["\"\"\"\",x"]).unwrap(), vec![vec!["\"", "x"]]);
         assert_eq!(
-            records(&["1,\"x,y\",\"say \"\"hi\"\"\",\"\""]).unwrap(),
-            vec![vec!["1", "x,y", "say \"hi\"", ""]]
+            records(&["\"\"\"a\"\" b\",x"]).unwrap(),
+            vec![vec!["\"a\" b", "x"]]
         );
-        assert_eq!(
-            records(&["1,\"frame one", "frame two,", "\",end", "2,x"]).unwrap(),
-            vec![vec!["1", "frame one\nframe two,\n", "end"], vec!["2", "x"]]
-        );
-        // A quote inside an unquoted field is kept as it is.
-        assert_eq!(records(&["a\"b,c"]).unwrap(), vec![vec!["a\"b", "c"]]);
-        assert!(records(&["\"a\"b,c"]).unwrap_err().contains("field 1"));
-        assert_eq!(records(&["\"never closed"]).unwrap_err(), "open");
     }
 
     fn fields(line: &str) -> Vec<String> {

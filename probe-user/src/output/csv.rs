@@ -37,6 +37,10 @@ struct DeviceFile {
     failing: bool,
     /// Names of this device's earlier dump files still on disk (rotation), oldest first.
     older: std::collections::VecDeque<String>,
+    /// The stem and `_<n>` suffix of the last file created: the next one of the same second
+    /// takes a higher n even when rotation deleted the lower ones, so name order stays time
+    /// order.
+    last_name: Option<(String, u32)>,
 }
 
 /// What could not be written: counted, reported once, and summed up at the end.
@@ -267,6 +271,7 @@ impl ProcessOutput {
                     sink: Sink::Csv(out),
                     failing: false,
                     older: Default::default(),
+                    last_name: None,
                 })
             }
             DataFormat::Db => {
@@ -283,6 +288,7 @@ impl ProcessOutput {
                     sink: Sink::Db(db),
                     failing: false,
                     older: Default::default(),
+                    last_name: None,
                 })
             }
         }
@@ -308,13 +314,18 @@ impl ProcessOutput {
         let mut result: Result<()> = Ok(());
         if !created {
             let stem = format!("memscope_dump_{}", local_timestamp());
+            let first = match &self.files[at].1.last_name {
+                Some((last, n)) if *last == stem => n + 1,
+                _ => 0,
+            };
             match self
                 .device_dump_dir(device)
-                .and_then(|d| d.create_unique_file(&stem, ".csv"))
+                .and_then(|d| d.create_unique_file_from(&stem, ".csv", first))
             {
-                Ok((path, file)) => {
+                Ok((path, file, n)) => {
                     let f = &mut self.files[at].1;
                     f.path = path;
+                    f.last_name = Some((stem, n));
                     if let Sink::Csv(c) = &mut f.sink {
                         c.file = Some(file);
                     }

@@ -308,10 +308,22 @@ impl Dir {
 
     /// Creates `<stem><ext>`, or `<stem>_<n><ext>` for the first free n.
     pub fn create_unique_file(&self, stem: &str, ext: &str) -> Result<(PathBuf, File)> {
-        for n in 0..MAX_UNIQUE_TRIES {
+        self.create_unique_file_from(stem, ext, 0)
+            .map(|(path, file, _)| (path, file))
+    }
+
+    /// As [`Dir::create_unique_file`], trying n from `first` on (0 is the bare name);
+    /// returns the n taken too.
+    pub fn create_unique_file_from(
+        &self,
+        stem: &str,
+        ext: &str,
+        first: u32,
+    ) -> Result<(PathBuf, File, u32)> {
+        for n in first..first.saturating_add(MAX_UNIQUE_TRIES) {
             let name = unique_name(stem, ext, n);
             match self.try_create_file(&name) {
-                Ok(f) => return Ok((self.path.join(name), f)),
+                Ok(f) => return Ok((self.path.join(name), f, n)),
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => {
                     return Err(e).with_context(|| {

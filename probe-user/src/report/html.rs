@@ -11,6 +11,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::{
+    escape,
     model::{LiveBlock, Model, Moment, Stacks, TrackKey},
     sites::{self, SiteRow},
 };
@@ -105,7 +106,7 @@ fn flame_tree(items: impl IntoIterator<Item = (Vec<String>, u64)>) -> Value {
 }
 
 fn stack_frames(model: &Model, owner: u32, stack: u32) -> Vec<String> {
-    let mut v = vec![model.name(owner).to_owned()];
+    let mut v = vec![escape::frame(model.name(owner))];
     v.extend(sites::folded_frames(model.stack(stack)));
     v
 }
@@ -451,25 +452,40 @@ fn split(line: &str) -> Vec<String> {
     line.split(',').map(str::to_owned).collect()
 }
 
+/// A fresh value for the page's script nonce (128 bits, hex): only the page's own two
+/// script elements run, and no inline handler at all, whatever text a run put in the page.
+fn script_nonce() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: getrandom writes at most bytes.len() bytes into the buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // No entropy source: still a policy without 'unsafe-inline' (handlers stay off).
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = (t ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The page, with `data` embedded.
 pub fn page(data: &Value) -> String {
-    // `</` would end the script element early; JSON allows `<\/`.
-    let json = serde_json::to_string(data)
-        .expect("a JSON value serializes")
-        .replace("</", "<\\/");
+    let json = escape::json_in_html(data);
+    let nonce = script_nonce();
     let mut s = String::with_capacity(ECHARTS_JS.len() + json.len() + 16384);
     s.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n");
-    s.push_str("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n");
+    s.push_str(&format!("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src data:\">\n"));
     s.push_str("<title>memscope-bpf memory report</title>\n<style>\n");
     s.push_str(REPORT_CSS);
-    s.push_str("</style>\n<script>\n");
+    s.push_str(&format!("</style>\n<script nonce=\"{nonce}\">\n"));
     s.push_str(ECHARTS_JS);
     s.push_str(
         "\n</script>\n</head><body>\n<main id=\"report\"></main>\n<pre id=\"selfcheck\"></pre>\n",
     );
     s.push_str("<script type=\"application/json\" id=\"report-data\">");
     s.push_str(&json);
-    s.push_str("</script>\n<script>\n");
+    s.push_str(&format!("</script>\n<script nonce=\"{nonce}\">\n"));
     s.push_str(REPORT_JS);
     s.push_str("</script>\n</body></html>\n");
     s
@@ -525,7 +541,35 @@ mod tests {
     #[test]
     fn page_escapes_script_ends() {
         let p = page(&json!({"x": "</script><b>"}));
-        assert!(p.contains("<\\/script><b>"));
+        assert!(p.contains("\\u003c/script\\u003e\\u003cb\\u003e"));
         assert_eq!(p.matches("</script>").count(), 3);
+    }
+
+    /// Issue 27: text of a run never becomes markup, and the policy runs no inline handler
+    /// (the tooltips are HTML: a name escaped wrongly there must still run nothing).
+    #[test]
+    fn page_policy_runs_only_its_own_scripts() {
+        let p = page(&json!({"x": "<img src=x onerror=alert(1)>"}));
+        assert!(
+            !p.contains("<img src=x"),
+            "markup from the data is in the page"
+        );
+        let csp = p
+            .lines()
+            .find(|l| l.contains("Content-Security-Policy"))
+            .unwrap();
+        let script_src = csp.split(';').find(|d| d.contains("script-src")).unwrap();
+        assert!(!script_src.contains("unsafe"), "{script_src}");
+        let nonce = script_src
+            .split("'nonce-")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches('\'');
+        assert_eq!(nonce.len(), 32);
+        assert_eq!(p.matches(&format!("<script nonce=\"{nonce}\">")).count(), 2);
+        assert_ne!(
+            page(&json!({})).split("'nonce-").nth(1),
+            csp.split("'nonce-").nth(1)
+        );
     }
 }

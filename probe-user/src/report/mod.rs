@@ -11,11 +11,13 @@
 //!   each maximum, and a comparison when two runs are given;
 //! * [`perfetto`]: Chrome trace-event JSON for ui.perfetto.dev and chrome://tracing;
 //! * [`sites`]: live bytes per allocation site or stack (`--by-site`, `--by-stack`), folded
-//!   stacks for `flamegraph.pl` and speedscope JSON, at the end and at the peak.
+//!   stacks for `flamegraph.pl` and speedscope JSON, at the end and at the peak;
+//! * [`escape`]: the one rule for a run's text on its way into all of these.
 //!
 //! Uses `offline` (reading runs), `analysis` (user sites), `output` (device keys), `settings` and `log`; never the live
 //! stages (`trace`, `events`, `state`, `session`) (tests/layout.rs checks it).
 
+pub mod escape;
 pub mod html;
 pub mod model;
 pub mod perfetto;

@@ -252,6 +252,9 @@ impl Session {
         let mut ring = unsafe { AsyncFd::register(ring)? };
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
+        // A closed terminal (an SSH session that drops) ends the run as Ctrl-C does: detach,
+        // write what was collected, not die with nothing written.
+        let mut sighup = signal(SignalKind::hangup())?;
         let mut tick = tokio::time::interval(TICK);
         let mut flush_tick = tokio::time::interval(flush_every(self.bpf.cpu_count()));
         flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -313,15 +316,16 @@ impl Session {
                 }
                 _ = sigint.recv() => break EndReason::Signal(libc::SIGINT),
                 _ = sigterm.recv() => break EndReason::Signal(libc::SIGTERM),
+                _ = sighup.recv() => break EndReason::Signal(libc::SIGHUP),
             }
         };
         if let EndReason::Signal(sig) = end {
             log::info(&format!(
                 "received {}: detaching and writing what was collected",
-                if sig == libc::SIGINT {
-                    "SIGINT"
-                } else {
-                    "SIGTERM"
+                match sig {
+                    libc::SIGINT => "SIGINT",
+                    libc::SIGHUP => "SIGHUP",
+                    _ => "SIGTERM",
                 }
             ));
             // Stop the BPF side from producing more, then take what is already queued.

@@ -70,6 +70,13 @@ impl Session {
                     self.rows = rows;
                 }
                 Decoded::Exit { pid, .. } => {
+                    // Every call of the process before its exit has been decoded by now (the
+                    // exit leaves the reorder window after them), its stacks submitted with
+                    // the view they need: the view, and the files it pinned, can go.
+                    if let Some(r) = &mut self.stacks {
+                        r.forget(pid);
+                    }
+                    self.kernel_names.forget(pid);
                     self.finish_process(pid, LeakCause::Exited);
                     self.forget_python(pid);
                 }

@@ -10,6 +10,7 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
+pub mod agent;
 pub mod chromium;
 mod torch_bed;
 #[allow(unused_imports)] // only the torch bed tests use it

@@ -105,3 +105,50 @@ fn device_less_rows_reach_every_device_file() {
     assert!(out.process_dir().join("config.json").exists());
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Issue 27: rotation deleting the oldest files of a second must not hand their names to the
+/// next files: sorted by name (`memscope_dump_<ts>[_<n>].csv`, n as a number), the files are
+/// in the order they were written.
+#[test]
+fn rotated_files_sort_by_name_in_time_order() {
+    let root = std::env::temp_dir().join(format!("memscope-rotate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mut out = ProcessOutput::new(&root, 7, "{}".into());
+    // Every flushed file is full: each row gets a file of its own; two are left at the end
+    // (three kept, one of them the next file, never started without a row for it).
+    out.rotate(1, Some(3));
+    for _ in 0..10 {
+        out.write(row(DeviceKey::Npu(0), "MALLOC")).unwrap();
+        out.flush().unwrap();
+    }
+    out.finish().unwrap();
+    let dir = out.process_dir().join("device_0/dump");
+    let mut files: Vec<((String, u32), u64)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            let stem = name.trim_end_matches(".csv");
+            // memscope_dump_<ts> or memscope_dump_<ts>_<n>
+            let parts: Vec<&str> = stem.split('_').collect();
+            let key = match parts.as_slice() {
+                [_, _, ts] => (ts.to_string(), 0),
+                [_, _, ts, n] => (ts.to_string(), n.parse().unwrap()),
+                _ => panic!("{name}"),
+            };
+            let text = std::fs::read_to_string(dir.join(&name)).unwrap();
+            let first_id = text.lines().nth(1).unwrap().split(',').next().unwrap();
+            (key, first_id.parse().unwrap())
+        })
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files.windows(2).all(|w| w[0].1 < w[1].1),
+        "name order is not write order: {files:?}"
+    );
+    assert_eq!(
+        files[1].1, 9,
+        "the newest file holds the last row: {files:?}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
