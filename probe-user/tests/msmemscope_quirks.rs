@@ -111,7 +111,7 @@ fn shadow_frees_are_live_blocks_and_twice_quoted_names_are_names() {
 
     let err = analyze(&p0, &dir.join("out0"));
     assert!(
-        err.contains("leak report: 2 HAL block(s), 1052672 bytes"),
+        err.contains("2 driver block(s) no pool owns leaked, 1.00 MiB (1052672 bytes)"),
         "the two blocks live at exit on device 0: {err}"
     );
     assert!(err.contains("0x0000124000200000"), "{err}");
@@ -119,7 +119,7 @@ fn shadow_frees_are_live_blocks_and_twice_quoted_names_are_names() {
 
     let err = analyze(&p1, &dir.join("out1"));
     assert!(
-        err.contains("leak report: 1 HAL block(s), 65536 bytes"),
+        err.contains("1 driver block(s) no pool owns leaked, 64.00 KiB (65536 bytes)"),
         "the block live at exit on device 1: {err}"
     );
     // Allocated inside the first "step start" range: the name was read as the marker.
