@@ -101,6 +101,8 @@ fn symlinked_or_foreign_output_root_is_refused() {
     if !is_root("symlinked_or_foreign_output_root_is_refused") {
         return;
     }
+    // The whole binary runs one test at a time: its races are timed against each other.
+    let _serial = common::serial();
     let dir = open_scratch("safety-root");
     let v = victim(&dir);
     let dump = leaky_dump(&dir);
@@ -144,6 +146,8 @@ fn symlinked_or_foreign_output_root_is_refused() {
 
 #[test]
 fn analyze_twice_in_one_second_writes_two_directories() {
+    // The whole binary runs one test at a time: its races are timed against each other.
+    let _serial = common::serial();
     let dir = scratch("safety-twice");
     let dump = leaky_dump(&dir);
     let out = dir.join("out");
@@ -179,6 +183,9 @@ fn swapped_result_directory_is_not_followed() {
         return;
     }
     const RUNS: usize = 30;
+    // Alone among the tracing tests: under their load the attacker wins every race, and the
+    // runs that keep writing into their moved directory (checked below) never happen.
+    let _serial = common::serial();
     let dir = open_scratch("safety-race");
     let v = victim(&dir);
     let dump = leaky_dump(&dir);
@@ -475,6 +482,8 @@ fn a_kernel_thread() -> Option<u32> {
 
 #[test]
 fn pid_1_and_kernel_threads_are_refused_before_tracing() {
+    // The whole binary runs one test at a time: its races are timed against each other.
+    let _serial = common::serial();
     let (code, err) = run_tracer_bounded(&["--pid", "1"], 30);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("refusing --pid 1: that is init"), "{err}");
@@ -490,6 +499,8 @@ fn pid_1_and_kernel_threads_are_refused_before_tracing() {
 
 #[test]
 fn program_that_cannot_be_executed_is_refused_before_tracing() {
+    // The whole binary runs one test at a time: its races are timed against each other.
+    let _serial = common::serial();
     let dir = scratch("safety-noexec");
     let script = dir.join("not-executable.sh");
     fs::write(&script, "#!/bin/sh\necho ran > \"$0.ran\"\n").unwrap();
@@ -737,6 +748,8 @@ fn analyze_peak_rss(input: &Path, out: &Path) -> (Option<i32>, String, i64) {
 
 #[test]
 fn huge_lines_are_refused_with_bounded_memory() {
+    // The whole binary runs one test at a time: its races are timed against each other.
+    let _serial = common::serial();
     let dir = scratch("safety-huge");
     // 8 GiB of zeros (sparse): no header, no line end.
     let zeros = dir.join("zeros.csv");
