@@ -158,6 +158,12 @@ impl ProcessState {
             }
             rows.push(row);
         }
+        if !handle
+            && block.kind == BlockKind::Device
+            && let Some(index) = &mut self.device_index
+        {
+            index.insert(block.addr, block.size);
+        }
         let table = if handle {
             &mut self.live_handles
         } else {

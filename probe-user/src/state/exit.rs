@@ -142,10 +142,18 @@ impl ProcessState {
     /// costs one pass over the live driver blocks.
     pub(super) fn note_pool_segment(&mut self, pool: PoolKind, addr: u64) {
         let live = &self.live;
-        self.pool_segments.note(pool, addr, || {
+        // Built at the first region, then kept by `insert_block` and `forget_pool_segment`: a
+        // region outside every segment (a pool on memory the driver API did not give, or
+        // given before an attach) costs a lookup, not a pass over the live blocks.
+        let index = self.device_index.get_or_insert_with(|| {
             live.values()
-                .find(|b| b.kind == BlockKind::Device && b.addr <= addr && addr < b.addr + b.size)
+                .filter(|b| b.kind == BlockKind::Device)
                 .map(|b| (b.addr, b.size))
+                .collect()
+        });
+        self.pool_segments.note(pool, addr, || {
+            let (start, size) = index.range(..=addr).next_back()?;
+            (addr < start + size).then_some((*start, *size))
         });
     }
 
@@ -157,6 +165,9 @@ impl ProcessState {
 
     /// A driver block at `addr` was freed: it is no pool's segment any more.
     pub(super) fn forget_pool_segment(&mut self, addr: u64) {
+        if let Some(index) = &mut self.device_index {
+            index.remove(&addr);
+        }
         self.pool_segments.forget(addr);
     }
 

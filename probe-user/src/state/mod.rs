@@ -196,6 +196,9 @@ pub struct ProcessState {
     /// Driver blocks (start, end) a framework pool put regions in: the pool's segments,
     /// which it keeps on purpose, so no leak. Sorted by start.
     pool_segments: exit::PoolSegments,
+    /// Live device blocks, start -> size, sorted: kept from a process's first pool region on
+    /// (a region's segment is found in it), never for a process without pools.
+    device_index: Option<std::collections::BTreeMap<u64, u64>>,
     /// The last `used`/`total` each pool reported, per device.
     pool_totals: Vec<PoolTotals>,
     gaps: Gaps,

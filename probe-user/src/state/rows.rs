@@ -71,7 +71,9 @@ impl ProcessState {
     ) {
         let used = self.used.entry(block.device).or_default();
         *used = used.saturating_sub(block.size);
-        self.forget_pool_segment(block.addr);
+        if block.kind == BlockKind::Device {
+            self.forget_pool_segment(block.addr);
+        }
         if opts.decompose {
             self.decompose.on_free(&block.owner(), block.size);
         }

@@ -1044,3 +1044,83 @@ fn rows_without_attr_text_carry_the_same_sizes() {
     let sizes: Vec<_> = numbers.iter().filter_map(|r| r.size).collect();
     assert_eq!(sizes, [4096, 4096, 512, 8, 1000, 1000, 8, 512]);
 }
+
+#[test]
+fn a_pools_segments_are_no_leak_and_its_live_regions_are_tensors() {
+    let mut p = ProcessState::new(100);
+    let o = opts();
+    let hal = |size, addr| Call::HalAlloc {
+        size,
+        flag: (1 << 10) | (33u64 << 56),
+        ret: 0,
+        addr: Some(addr),
+    };
+    p.apply(&ev(1, hal(4096, 0x1000)), 1, &o, None);
+    p.apply(&ev(1, hal(100, 0x9000)), 2, &o, None);
+    p.apply(
+        &ev(
+            1,
+            Call::DomainCreate {
+                name: "ptaCaching".into(),
+                handle: 7,
+            },
+        ),
+        3,
+        &o,
+        None,
+    );
+    let register = |ptr, size| Call::RegionsRegister {
+        domain: 7,
+        regions: vec![crate::events::decode::RegionDesc {
+            device: 0,
+            ptr,
+            size,
+            handle: 0,
+        }],
+        first: 0,
+        total: 1,
+    };
+    // One region inside the first driver block (the pool's segment), one outside every block.
+    p.apply(&ev(1, register(0x1800, 512)), 4, &o, None);
+    p.apply(&ev(1, register(0x20000, 64)), 5, &o, None);
+    let m = p.exit_memory();
+    assert_eq!(
+        m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
+        [0x9000]
+    );
+    assert_eq!(
+        m.tensor_leaks
+            .iter()
+            .map(|t| (t.block.addr, t.block.size, t.live_at_end))
+            .collect::<Vec<_>>(),
+        [(0x1800, 512, true), (0x20000, 64, true)]
+    );
+    assert_eq!(m.pools.len(), 1);
+    let h = &m.pools[0];
+    assert_eq!(
+        (h.segments, h.segment_bytes, h.live_blocks, h.live_bytes),
+        (1, 4096, 2, 576)
+    );
+    assert!(h.segments_known);
+    assert_eq!(h.cached_bytes(), 4096 - 576);
+    // The segment freed and its address given to a block no pool uses: a leak, not a segment.
+    p.apply(
+        &ev(
+            1,
+            Call::HalFree {
+                addr: 0x1000,
+                ret: 0,
+            },
+        ),
+        6,
+        &o,
+        None,
+    );
+    p.apply(&ev(1, hal(8192, 0x1000)), 7, &o, None);
+    let m = p.exit_memory();
+    assert_eq!(
+        m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
+        [0x9000, 0x1000]
+    );
+    assert_eq!(m.pools[0].segments, 0);
+}
