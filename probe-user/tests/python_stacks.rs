@@ -204,14 +204,7 @@ fn check_attach_mode(python: &std::path::Path, scratch_name: &str) {
         .expect("start the Python target");
     let pid = target.id();
     wait_for_text(&log, "READY", 30);
-    let mut tracer = Background::spawn(&[
-        "-o",
-        out_dir.to_str().unwrap(),
-        "--call-stack=python",
-        "--pid",
-        &pid.to_string(),
-    ]);
-    tracer.wait_for("attached to pid", 90);
+    let tracer = attach_python_tracer(&out_dir, pid);
     std::fs::write(&go, b"").unwrap();
     let text = wait_for_text(&log, "PAUSED", 60);
     let paused_tid = log_lines(&text, "PAUSED")[0]["tid"].to_string();

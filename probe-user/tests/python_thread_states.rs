@@ -110,14 +110,7 @@ fn attach(python: &Path, dir: &Path, script: &Path, args: &[&str]) -> (String, u
         .expect("start the Python target");
     let pid = target.id();
     wait_for_text(&log, "READY", 30);
-    let mut tracer = Background::spawn(&[
-        "-o",
-        out_dir.to_str().unwrap(),
-        "--call-stack=python",
-        "--pid",
-        &pid.to_string(),
-    ]);
-    tracer.wait_for("attached to pid", 90);
+    let tracer = attach_python_tracer(&out_dir, pid);
     std::fs::write(&go, b"").unwrap();
     assert!(target.wait().unwrap().success());
     let (code, stderr) = tracer.finish();

@@ -351,13 +351,8 @@ pub fn find_leaks(path: &Path) -> Result<Analysis> {
         Some(blocks.remove(pos))
     }
     fn note_totals(totals: &mut Vec<PoolTotals>, t: Option<PoolTotals>) {
-        let Some(t) = t else { return };
-        match totals
-            .iter_mut()
-            .find(|p| p.pool == t.pool && p.device == t.device)
-        {
-            Some(p) => *p = t,
-            None => totals.push(t),
+        if let Some(t) = t {
+            PoolTotals::record(totals, t);
         }
     }
     let mut procs: BTreeMap<u32, Proc> = BTreeMap::new();

@@ -10,10 +10,10 @@ use anyhow::Result;
 use crate::{
     analysis::sites,
     output::{DeviceKey, ProcessOutput, local_timestamp},
-    state::{Block, BlockKind, module_label},
+    state::{BlockKind, module_label},
 };
 
-pub use crate::state::{ExitMemory, PoolHeld, TensorLeak};
+pub use crate::state::{Block, ExitMemory, PoolHeld, TensorLeak};
 
 pub const LEAKS_HEADER: &str = "Process Id,Thread Id,Device Id,Event Type,Ptr,Size,Step,\
 Allocation Id,Module,Timestamp(ns),Leak,Site";
@@ -194,11 +194,7 @@ pub fn format_report(all: &[ProcessLeaks], max_lines_per_process: usize) -> Stri
             ));
             for t in m.tensor_leaks.iter().take(max_lines_per_process) {
                 let b = &t.block;
-                let why = match (t.outlived_to_step, t.live_at_end) {
-                    (Some(s), true) => format!("still live after step {s} and {when}"),
-                    (Some(s), false) => format!("still live after step {s}"),
-                    (None, _) => format!("live {when}"),
-                };
+                let why = t.why(when);
                 s.push_str(&format!(
                     "    {} step {:<3} {:<13} device {:<3} 0x{:016x} {:>12} bytes  {why}\n",
                     block_site(b),

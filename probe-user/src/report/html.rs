@@ -124,15 +124,8 @@ fn block_json(model: &Model, b: &LiveBlock, site_cache: &mut HashMap<u32, String
 /// A leaked tensor: the program's line first (what the user asks), then the block.
 fn tensor_leak_json(model: &Model, t: &TensorLeak) -> Value {
     let b = &t.block;
-    let stacks = Stacks {
-        c: b.stack.as_deref().unwrap_or("").to_owned(),
-        python: b.py_stack.as_deref().unwrap_or("").to_owned(),
-    };
-    let why = match (t.outlived_to_step, t.live_at_end) {
-        (Some(s), true) => format!("still live after step {s} and at the end"),
-        (Some(s), false) => format!("still live after step {s}"),
-        (None, _) => "live at the end".to_owned(),
-    };
+    let stacks = Stacks::of_block(b);
+    let why = t.why("at the end");
     json!({"site": stacks.site(), "stack": stacks.text(), "step": b.step, "size": b.size,
         "pool": b.kind.event_type(), "addr": format!("{:#018x}", b.addr),
         "alloc_id": b.allocation_id, "t": secs(model, b.ts_ns), "tid": b.tid, "why": why})

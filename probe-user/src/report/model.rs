@@ -106,6 +106,14 @@ pub struct Stacks {
 }
 
 impl Stacks {
+    /// The stacks a block (of the leak analysis) was allocated with.
+    pub fn of_block(b: &crate::output::leaks::Block) -> Stacks {
+        Stacks {
+            c: b.stack.as_deref().unwrap_or("").to_owned(),
+            python: b.py_stack.as_deref().unwrap_or("").to_owned(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.c.trim().is_empty() && self.python.trim().is_empty()
     }

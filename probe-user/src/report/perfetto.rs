@@ -190,10 +190,7 @@ pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
     for (pid, exit) in &model.exit {
         for t in &exit.tensor_leaks {
             let b = &t.block;
-            let stacks = Stacks {
-                c: b.stack.as_deref().unwrap_or("").to_owned(),
-                python: b.py_stack.as_deref().unwrap_or("").to_owned(),
-            };
+            let stacks = Stacks::of_block(b);
             let site = stacks.site();
             out.push(json!({"ph": "i", "s": "p", "cat": "leak",
                 "name": format!("leaked tensor: {} bytes from {site} (step {})", b.size, b.step),

@@ -16,6 +16,17 @@ pub struct TensorLeak {
     pub live_at_end: bool,
 }
 
+impl TensorLeak {
+    /// Why it is a leak, in words: `when` is the end it was live at ("at exit", "at the end").
+    pub fn why(&self, when: &str) -> String {
+        match (self.outlived_to_step, self.live_at_end) {
+            (Some(s), true) => format!("still live after step {s} and {when}"),
+            (Some(s), false) => format!("still live after step {s}"),
+            (None, _) => format!("live {when}"),
+        }
+    }
+}
+
 /// What one pool held on one device at the end: its driver segments and its own figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolHeld {
@@ -178,14 +189,7 @@ impl ProcessState {
             allocated: c.allocated,
             reserved: c.reserved,
         };
-        match self
-            .pool_totals
-            .iter_mut()
-            .find(|p| p.pool == t.pool && p.device == t.device)
-        {
-            Some(p) => *p = t,
-            None => self.pool_totals.push(t),
-        }
+        PoolTotals::record(&mut self.pool_totals, t);
     }
 
     /// The process's memory now, as its end report tells it.

@@ -111,6 +111,19 @@ pub struct PoolTotals {
     pub reserved: u64,
 }
 
+impl PoolTotals {
+    /// Keeps `t` as its pool's latest figures on its device in `totals`.
+    pub fn record(totals: &mut Vec<PoolTotals>, t: PoolTotals) {
+        match totals
+            .iter_mut()
+            .find(|p| p.pool == t.pool && p.device == t.device)
+        {
+            Some(p) => *p = t,
+            None => totals.push(t),
+        }
+    }
+}
+
 /// Counts kept per process for the summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessStats {

@@ -404,6 +404,20 @@ pub fn gt_leaks(gt: &GroundTruth) -> Vec<(u32, String, u64, u64, u32)> {
     v
 }
 
+/// `memscope-bpf -o OUT_DIR --call-stack=python --pid PID` in the background, returned once it
+/// says it is attached.
+pub fn attach_python_tracer(out_dir: &Path, pid: u32) -> Background {
+    let mut tracer = Background::spawn(&[
+        "-o",
+        out_dir.to_str().unwrap(),
+        "--call-stack=python",
+        "--pid",
+        &pid.to_string(),
+    ]);
+    tracer.wait_for("attached to pid", 90);
+    tracer
+}
+
 /// Waits until `path` contains `needle` (a workload's `PID` line, say), up to `secs`.
 pub fn wait_for_text(path: &Path, needle: &str, secs: u64) -> String {
     let start = std::time::Instant::now();
