@@ -46,12 +46,23 @@ fn main() -> ExitCode {
     }
     match run(opts) {
         Ok(code) => ExitCode::from(code),
+        // `analyze --by-site | head`: the reader had what it wanted; nothing failed.
+        Err(e) if reader_went_away(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let usage = e.downcast_ref::<UsageError>().is_some();
             log::line(&format!("memscope-bpf: error: {e:#}"));
             ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
         }
     }
+}
+
+/// Whether `e` is a write to stdout whose reader closed the pipe.
+fn reader_went_away(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// An error in what the user asked for (as opposed to a failure of the machine).

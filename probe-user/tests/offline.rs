@@ -568,6 +568,36 @@ fn analyze_reports_hal_blocks_never_freed() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `analyze --by-site | head`: a reader that closes the pipe early is no failure of ours (exit 0,
+/// no error line), while the leak files are still written.
+#[test]
+fn analyze_into_a_closed_pipe_exits_0() {
+    let dir = scratch("off-analyze-pipe");
+    let dump = write(
+        &dir,
+        "memscope_dump_1.csv",
+        &csv(&[
+            "0,MALLOC,HAL,N/A,10,77,78,0,0x0000124000200000,\"{allocation_id:1,addr:0x0000124000200000,size:4096,used:4096,page_type:normal,alloc_type:alloc}\",,",
+        ]),
+    );
+    let out_dir = dir.join("out");
+    let mut child = Command::new(TRACER)
+        .args(["analyze", "-i", dump.to_str().unwrap(), "--by-site", "-o"])
+        .arg(&out_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the table is printed.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("error"), "{err}");
+    assert_eq!(find_files(&out_dir, "leaks_").len(), 1, "{err}");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn analyze_reads_msmemscope_old_layout_and_db() {
     let dir = scratch("off-analyze-old");

@@ -345,8 +345,9 @@ pub fn analyze(input: &Path, req: &SitesRequest, out_dir: &Path) -> Result<Vec<P
             let total: u64 = rows.iter().map(|r| r.bytes).sum();
             writeln!(
                 out,
-                "{}: {total} bytes live {when} in {} block(s), by {}",
+                "{}: {} live {when} in {} block(s), by {}",
                 label(key),
+                crate::output::leaks::human_bytes(total),
                 blocks.len(),
                 if req.by_stack { "stack" } else { "site" }
             )?;
