@@ -23,6 +23,7 @@
 //! (sites), `output`, `settings` and `log` (its options are parsed by `cli`, which it never
 //! uses back); nothing uses it but `main` and `cli` (its subcommand).
 
+pub mod cgroup;
 pub mod http;
 pub mod metrics;
 pub mod options;
