@@ -139,11 +139,12 @@ fn run_in_cgroup(agent: &TestAgent, cgroup: &Path, log: &Path) -> u32 {
     let go = log.with_extension("go");
     let procs = cgroup.join("cgroup.procs");
     let mut cmd = Command::new(bin("workload"));
+    // Five steps: the leak of step 1 is a suspect from step 4 on (--leak-steps 3).
     cmd.args([
         "--devices",
         "2",
         "--steps",
-        "3",
+        "5",
         "--allocs",
         "2",
         "--leaks",
@@ -361,9 +362,19 @@ fn metrics_pass_promtool_and_the_openmetrics_parser() {
             std::process::id()
         ),
     );
+    // And a pod's container under the kubelet's cgroupfs driver: `pod_uid` is there too.
+    let (id, uid) = ids(3);
+    let pod_cg = cgroups.make(
+        &root,
+        &format!(
+            "memscope-fleet-labels-{}/kubepods/burstable/pod{uid}/{id}",
+            std::process::id()
+        ),
+    );
     let agent = TestAgent::start(&[]);
     let log = dir.join("job.log");
     let pid = run_in_cgroup(&agent, &cg, &log);
+    run_in_cgroup(&agent, &pod_cg, &dir.join("pod.log"));
 
     let (status, content_type, text) = get_with(&agent.addr, "/metrics", None);
     assert_eq!(status, 200);
@@ -458,6 +469,23 @@ for f in text_string_to_metric_families(open(sys.argv[1]).read()):
         live_total as u64,
         live_by_device(&log).values().sum::<u64>()
     );
+    // Every metric the dashboard (deploy/kubernetes) queries is one this agent exports, and
+    // every label it groups by is the agent's or the scrape job's `node`.
+    let exported = samples(&text);
+    for (title, q) in dashboard::dashboard_queries() {
+        for name in dashboard::metric_names(&q) {
+            assert!(
+                exported.iter().any(|(n, _, _)| *n == name),
+                "panel {title:?} reads {name}, which the agent does not export"
+            );
+        }
+        for label in dashboard::grouping_labels(&q) {
+            assert!(
+                label == "node" || exported.iter().any(|(_, l, _)| l.contains_key(&label)),
+                "panel {title:?} groups by {label}, which no series has"
+            );
+        }
+    }
     let cpu: Vec<_> = parsed
         .lines()
         .filter(|l| l.starts_with("memscope_agent_cpu_seconds counter seconds "))

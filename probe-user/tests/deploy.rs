@@ -20,7 +20,7 @@ use std::{
     process::{Command, Output},
 };
 
-use common::repo_root;
+use common::{dashboard::dashboard_queries, repo_root};
 
 fn deploy() -> PathBuf {
     repo_root().join("deploy/kubernetes")
@@ -225,26 +225,6 @@ fn the_scrape_job_passes_promtool_check_config() {
         .replace("([^:]+)(?::", "([^:]+(?::");
     let out = check(&broken, "broken.yml");
     assert!(!out.status.success(), "a bad regex passed:\n{}", said(&out));
-}
-
-/// The dashboard's PromQL: every target's `expr`, Grafana's variables given values as
-/// Grafana would (`$__rate_interval` a duration, a multi-value `$var` a regex).
-pub fn dashboard_queries() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(deploy().join("grafana-dashboard.json")).unwrap();
-    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    let mut out = Vec::new();
-    for p in d["panels"].as_array().unwrap() {
-        for t in p["targets"].as_array().unwrap() {
-            let expr = t["expr"].as_str().unwrap();
-            let promql = expr
-                .replace("$__rate_interval", "1m")
-                .replace("$node", ".*")
-                .replace("$pod_uid", ".*");
-            assert!(!promql.contains('$'), "an unknown variable in {expr}");
-            out.push((p["title"].as_str().unwrap().to_string(), promql));
-        }
-    }
-    out
 }
 
 fn tsc_check(modules: &Path, dir: &Path, dashboard_json: &str) -> Output {
