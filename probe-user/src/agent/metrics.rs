@@ -1,8 +1,9 @@
 //! `/metrics`: the agent's state, encoded by the `prometheus-client` crate from a registry
 //! built afresh for each scrape, in the format the scraper asks for ([`Format::negotiate`]):
 //! OpenMetrics 1.0.0 (`# UNIT`, `# EOF`) for a Prometheus that sends its usual `Accept`, the
-//! Prometheus text format 0.0.4 for anything else (`curl`, older tools). Both pass
-//! `promtool check metrics` without a warning (tests/agent_fleet.rs).
+//! Prometheus text format 0.0.4 for anything else (`curl`, older tools). The text format
+//! passes `promtool check metrics` without a warning, OpenMetrics `prometheus_client`'s
+//! OpenMetrics parser (tests/agent_fleet.rs).
 //!
 //! Labels are bounded: `pid`, `comm`, `device` and `owner`, and the process's `container` and
 //! `pod_uid` (`cgroup.rs`; one value each per pid, so they add no series). A process appears
