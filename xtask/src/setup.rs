@@ -47,6 +47,7 @@ enum Step {
     HostTools,
     Chromium,
     AgentTools,
+    DeployValidators,
     Fixtures,
     TorchBed,
     PySpy,
@@ -57,13 +58,22 @@ enum Step {
 fn plan(purpose: Purpose) -> Vec<Step> {
     use Step::*;
     let all = [
-        Nightly, RustSrc, BpfLinker, HostTools, Chromium, AgentTools, Fixtures, TorchBed, PySpy,
+        Nightly,
+        RustSrc,
+        BpfLinker,
+        HostTools,
+        Chromium,
+        AgentTools,
+        DeployValidators,
+        Fixtures,
+        TorchBed,
+        PySpy,
         Btf,
     ];
     let wanted = |s: &Step| match (purpose, s) {
         (Purpose::Tests, _) => true,
         (Purpose::Demo { screenshot }, Chromium) => screenshot,
-        (Purpose::Demo { .. }, AgentTools | TorchBed | PySpy) => false,
+        (Purpose::Demo { .. }, AgentTools | DeployValidators | TorchBed | PySpy) => false,
         (Purpose::Demo { .. }, _) => true,
     };
     all.into_iter().filter(wanted).collect()
@@ -102,6 +112,7 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
             Step::HostTools => step("host tools", host_tools)?,
             Step::Chromium => step("chromium", chromium)?,
             Step::AgentTools => step("agent test tools", agent_tools)?,
+            Step::DeployValidators => step("deploy validators", deploy_validators)?,
             Step::Fixtures => step("C fixtures", || fixtures(repo))?,
             Step::TorchBed if crate::torch_bed::enabled() => {
                 step("torch test bed", || crate::torch_bed::prepare(repo))?
@@ -529,6 +540,79 @@ fn agent_tools() -> Result<String> {
     Ok(format!("installed {} now", missing.join(", ")))
 }
 
+/// What checks deploy/kubernetes and the agent's exposition (tests/deploy.rs,
+/// tests/agent_fleet.rs), pinned: from PyPI `kubernetes-validate` (the Kubernetes API's
+/// schemas) and `prometheus-client` (its OpenMetrics parser), with the pip of the `python3`
+/// on PATH; from npm, into [`DEPLOY_VALIDATORS`] under the cache, the prometheus-operator
+/// CRD schemas, Grafana's dashboard types and the TypeScript compiler that checks against
+/// them (about 60 MB).
+const PIP_VALIDATORS: [&str; 2] = ["kubernetes-validate==1.37.0", "prometheus-client==0.26.0"];
+const NPM_VALIDATORS: [&str; 4] = [
+    "@kubernetes-models/prometheus-operator@6.0.0",
+    "@grafana/schema@13.2.3",
+    "js-yaml@5.5.0",
+    "typescript@5.9.3",
+];
+const DEPLOY_VALIDATORS: &str = ".cache/memscope-bpf/deploy-validators";
+
+fn deploy_validators() -> Result<String> {
+    let have_pip = cmd::probe(Command::new("kubernetes-validate").arg("--version")).is_some()
+        && cmd::probe(Command::new("python3").args(["-c", "import prometheus_client"])).is_some();
+    if !have_pip {
+        cmd::output(
+            Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(PIP_VALIDATORS),
+        )?;
+        // pyenv reaches new scripts through shims made by `rehash`.
+        let _ = cmd::probe(Command::new("pyenv").arg("rehash"));
+        cmd::probe(Command::new("kubernetes-validate").arg("--version"))
+            .context("pip installed kubernetes-validate, but it is not on PATH")?;
+    }
+    if which("npm").is_none() {
+        if crate::effective_uid() != Some(0) {
+            bail!("npm is missing: apt-get install nodejs npm, or run setup as root");
+        }
+        let mut install = Command::new("apt-get");
+        install
+            .args(["install", "-y", "--no-install-recommends", "nodejs", "npm"])
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        if cmd::output(&mut install).is_err() {
+            cmd::output(Command::new("apt-get").arg("update"))?;
+            cmd::output(&mut install)?;
+        }
+    }
+    let dir = home()?.join(DEPLOY_VALIDATORS);
+    let installed = |spec: &str| {
+        let (name, version) = spec.rsplit_once('@').expect("name@version");
+        fs::read_to_string(dir.join("node_modules").join(name).join("package.json"))
+            .is_ok_and(|p| p.contains(&format!("\"version\": \"{version}\"")))
+    };
+    if NPM_VALIDATORS.iter().all(|s| installed(s)) {
+        return Ok(format!(
+            "pip and npm validators already in {}",
+            dir.display()
+        ));
+    }
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if !dir.join("package.json").exists() {
+        fs::write(dir.join("package.json"), "{\"private\": true}\n")?;
+    }
+    cmd::output(
+        Command::new("npm")
+            .current_dir(&dir)
+            .args(["install", "--no-audit", "--no-fund", "--save-exact"])
+            .args(NPM_VALIDATORS),
+    )?;
+    Ok(format!("installed the npm validators in {}", dir.display()))
+}
+
 fn fixtures(repo: &Path) -> Result<String> {
     let dir = repo.join("tests/fixtures");
     let has_makefile = ["GNUmakefile", "makefile", "Makefile"]
@@ -569,6 +653,7 @@ mod tests {
         for unused in [
             Step::TorchBed,
             Step::AgentTools,
+            Step::DeployValidators,
             Step::PySpy,
             Step::Chromium,
         ] {
@@ -580,6 +665,6 @@ mod tests {
         let shot = plan(Purpose::Demo { screenshot: true });
         assert!(shot.contains(&Step::Chromium) && !shot.contains(&Step::TorchBed));
         // The tests get every step.
-        assert_eq!(plan(Purpose::Tests).len(), 10);
+        assert_eq!(plan(Purpose::Tests).len(), 11);
     }
 }

@@ -83,12 +83,12 @@ impl AllowedHosts {
     }
 }
 
-/// The value of the `Host` header of a request head, if any.
-fn host_header(head: &str) -> Option<&str> {
+/// The value of header `name` of a request head, if any.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines()
         .skip(1)
         .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("host"))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
         .map(|(_, v)| v.trim())
 }
 
@@ -106,15 +106,24 @@ fn text(status: u16, body: impl Into<String>) -> Response {
     }
 }
 
-/// Answers one request target (`/metrics`, `/debug/pprof/heap?pid=7`, ...).
-pub fn route(shared: &Arc<Shared>, sample_bytes: u64, target: &str) -> Response {
+/// Answers one request target (`/metrics`, `/debug/pprof/heap?pid=7`, ...); `accept` is the
+/// request's `Accept` header (`/metrics` speaks OpenMetrics or the 0.0.4 text format).
+pub fn route(
+    shared: &Arc<Shared>,
+    sample_bytes: u64,
+    target: &str,
+    accept: Option<&str>,
+) -> Response {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     match path {
-        "/metrics" => Response {
-            status: 200,
-            content_type: metrics::CONTENT_TYPE,
-            body: metrics::render(shared).into_bytes(),
-        },
+        "/metrics" => {
+            let format = metrics::Format::negotiate(accept);
+            Response {
+                status: 200,
+                content_type: format.content_type(),
+                body: metrics::render(shared, format).into_bytes(),
+            }
+        }
         "/ready" => {
             if shared.ready.load(Ordering::Relaxed) {
                 text(200, "ready\n")
@@ -198,7 +207,7 @@ async fn serve_one(
         )
     } else if method != "GET" && method != "HEAD" {
         text(405, "only GET\n")
-    } else if !hosts.allows(host_header(&head)) {
+    } else if !hosts.allows(header(&head, "host")) {
         text(
             403,
             "unknown Host; name this agent by IP address, localhost, its host name or --allow-host\n",
@@ -206,7 +215,11 @@ async fn serve_one(
     } else {
         // Building a profile walks every process's heap: not on the I/O thread's hot path.
         let (shared, target) = (shared.clone(), target.to_string());
-        tokio::task::spawn_blocking(move || route(&shared, sample_bytes, &target)).await?
+        let accept = header(&head, "accept").map(str::to_owned);
+        tokio::task::spawn_blocking(move || {
+            route(&shared, sample_bytes, &target, accept.as_deref())
+        })
+        .await?
     };
     let mut out = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
@@ -338,6 +351,6 @@ mod tests {
         }
         assert!(hosts.allows(None), "HTTP/1.0 without Host");
         let head = "GET / HTTP/1.1\r\nhOsT:  a.example:1 \r\nX: y\r\n\r\n";
-        assert_eq!(host_header(head), Some("a.example:1"));
+        assert_eq!(header(head, "host"), Some("a.example:1"));
     }
 }

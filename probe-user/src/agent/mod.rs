@@ -14,8 +14,11 @@
 //!   (`state.rs`) that writes no files and keeps a bounded summary per process.
 //! * sampling (`sampling.rs`): stacks are copied (in BPF) and resolved for a byte-weighted
 //!   Poisson sample of allocations only; counters are exact.
-//! * endpoints (`http.rs`): `/metrics` (`metrics.rs`, OpenMetrics text via prometheus-client),
-//!   `/ready`, `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
+//! * containers (`cgroup.rs`): each process's container and pod, read from its cgroup path
+//!   once when it is picked up, label its series and its profile samples.
+//! * endpoints (`http.rs`): `/metrics` (`metrics.rs`, via prometheus-client: OpenMetrics when
+//!   the `Accept` header asks for it, else the 0.0.4 text format), `/ready`,
+//!   `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
 //!
 //! The agent never stops or signals a traced process (`stop_on_discovery` stays off).
 //!
@@ -23,6 +26,7 @@
 //! (sites), `output`, `settings` and `log` (its options are parsed by `cli`, which it never
 //! uses back); nothing uses it but `main` and `cli` (its subcommand).
 
+pub mod cgroup;
 pub mod http;
 pub mod metrics;
 pub mod options;

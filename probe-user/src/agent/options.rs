@@ -10,7 +10,9 @@ use crate::settings::LogLevel;
 
 pub const ENDPOINTS: &str = "\
 ENDPOINTS:
-    /metrics                      Prometheus text exposition format
+    /metrics                      OpenMetrics when Accept asks for it (Prometheus
+                                  does), else the Prometheus text format 0.0.4;
+                                  per process: pid, comm, container, pod_uid
     /ready                        200 once the probes are in place, 503 before
     /debug/pprof/heap             node-wide heap profile (inuse_space, inuse_objects,
                                   alloc_space, alloc_objects), gzipped profile.proto

@@ -146,8 +146,9 @@ impl Builder {
     }
 
     /// A sample, labelled `site` with the line of the program's own code that asked for the
-    /// memory (`go tool pprof -tagfocus site=train.py:42`, `-tags`).
-    fn sample(&mut self, frames: &[Frame], e: &HeapEntry, site: &str) {
+    /// memory (`go tool pprof -tagfocus site=train.py:42`, `-tags`), and with `labels` (the
+    /// process's container and pod: `-tagfocus pod_uid=...`).
+    fn sample(&mut self, frames: &[Frame], e: &HeapEntry, site: &str, labels: &[(&str, &str)]) {
         let locs: Vec<u64> = frames.iter().map(|f| self.location(f)).collect();
         let mut m = Vec::new();
         packed(&mut m, 1, locs.into_iter());
@@ -158,10 +159,12 @@ impl Builder {
             e.inuse_bytes,
         ];
         packed(&mut m, 2, values.iter().map(|v| v.round() as i64 as u64));
-        let mut label = Vec::new();
-        int_field(&mut label, 1, self.string("site") as u64);
-        int_field(&mut label, 2, self.string(site) as u64);
-        bytes_field(&mut m, 3, &label);
+        for (k, v) in std::iter::once(("site", site)).chain(labels.iter().copied()) {
+            let mut label = Vec::new();
+            int_field(&mut label, 1, self.string(k) as u64);
+            int_field(&mut label, 2, self.string(v) as u64);
+            bytes_field(&mut m, 3, &label);
+        }
         self.samples.push(m);
     }
 
@@ -218,13 +221,15 @@ pub fn heap_profile<'a>(
             file: String::new(),
             line: 0,
         };
+        let labels: Vec<(&str, &str)> = p.container.labels().collect();
         // Same order every time: the profile of an unchanged state is the same file.
         let mut entries: Vec<_> = p.heap.iter().collect();
         entries.sort_by(|a, b| a.0.cmp(b.0));
         for (stack, e) in entries {
             let mut frames: Vec<Frame> = stack.lines().filter_map(parse_frame).collect();
             frames.push(root.clone());
-            b.sample(&frames, e, &crate::analysis::sites::user_site(stack, ""));
+            let site = crate::analysis::sites::user_site(stack, "");
+            b.sample(&frames, e, &site, &labels);
         }
     }
     let now = std::time::SystemTime::now()

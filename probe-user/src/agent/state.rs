@@ -23,7 +23,7 @@ use crate::{
     state::{AddrHash, Block, ProcessState},
 };
 
-use super::sampling::Sampler;
+use super::{cgroup::Container, sampling::Sampler};
 
 /// Distinct allocation stacks remembered per process for `alloc_*`; more are merged into
 /// [`OTHER_STACKS`] so memory stays bounded.
@@ -54,6 +54,8 @@ pub struct HeapEntry {
 pub struct ProcessSnapshot {
     pub pid: u32,
     pub comm: String,
+    /// Its container and pod, from its cgroup (`cgroup.rs`).
+    pub container: Container,
     /// When the process exited (its numbers are then final).
     pub exited: Option<Instant>,
     pub step: u32,
@@ -105,6 +107,7 @@ struct DeviceCounters {
 /// event).
 struct Tracked {
     comm: String,
+    container: Container,
     /// Per device: one map lookup per MALLOC or FREE row.
     devices: BTreeMap<DeviceKey, DeviceCounters>,
     alloc_by_stack: HashMap<Arc<str>, (f64, f64)>,
@@ -183,6 +186,7 @@ impl AgentObserver {
         ProcessSnapshot {
             pid: state.pid,
             comm: t.comm.clone(),
+            container: t.container.clone(),
             exited: None,
             step,
             live,
@@ -229,6 +233,9 @@ fn tracked_entry<'a>(
         ));
         Tracked {
             comm,
+            // Read once, while the process lives (a process that moves between cgroups keeps
+            // the first: the labels of its series must not change under it).
+            container: super::cgroup::of_process(pid),
             devices: BTreeMap::new(),
             alloc_by_stack: HashMap::new(),
         }

@@ -12,6 +12,7 @@ use std::{
 
 pub mod agent;
 pub mod chromium;
+pub mod dashboard;
 mod torch_bed;
 #[allow(unused_imports)] // only the torch bed tests use it
 pub use torch_bed::*;
