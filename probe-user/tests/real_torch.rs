@@ -652,30 +652,6 @@ fn real_torch_npu_oom_report() {
     );
 }
 
-/// capstone's reading of one release (offset, layout, direct callers) in the release matrix's
-/// table (tests/tools/torch_npu_reading.py, real_torch_matrix.rs).
-fn capstone_reading(
-    version: &str,
-) -> Option<(u64, memscope_bpf::trace::torch_npu::UsageLayout, usize)> {
-    use memscope_bpf::trace::torch_npu::UsageLayout;
-    let table =
-        fs::read_to_string(repo_root().join("probe-user/tests/data/torch_npu_x86_64.tsv")).unwrap();
-    let row = table
-        .lines()
-        .find(|l| l.split('\t').next() == Some(version))?;
-    let f: Vec<&str> = row.split('\t').collect();
-    let layout = match f[2] {
-        "original" => UsageLayout::Original,
-        "with_component" => UsageLayout::WithComponent,
-        other => panic!("unknown layout {other} in the table"),
-    };
-    Some((
-        u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap(),
-        layout,
-        f[3].parse().unwrap(),
-    ))
-}
-
 /// The report function found in each wheel's libtorch_npu.so is where independent
 /// tools put it: gdb breakpoints at 2.8.0.post2's file offset 0x32f42a0 (8 direct callers, as
 /// in its source) and objdump's disassembly of 2.5.1 (its 6 call sites: 3 in the caching and

@@ -77,3 +77,26 @@ pub fn bed_release(venv: &Path) -> String {
 pub fn stacks_outgrow_the_copy(release: &str) -> bool {
     release.ends_with("npu-2.14.0")
 }
+
+/// capstone's reading of one torch_npu release (report function's file offset, `MemoryUsage`
+/// layout, direct callers) in the release matrix's table (tests/tools/torch_npu_reading.py,
+/// real_torch_matrix.rs): the independent figures for releases gdb and objdump did not read.
+pub fn capstone_reading(
+    version: &str,
+) -> Option<(u64, memscope_bpf::trace::torch_npu::UsageLayout, usize)> {
+    use memscope_bpf::trace::torch_npu::UsageLayout;
+    let table =
+        std::fs::read_to_string(repo_root().join("probe-user/tests/data/torch_npu_x86_64.tsv"))
+            .unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.split('\t').next() == Some(version))?;
+    let f: Vec<&str> = row.split('\t').collect();
+    let layout = match f[2] {
+        "original" => UsageLayout::Original,
+        "with_component" => UsageLayout::WithComponent,
+        other => panic!("unknown layout {other} in the table"),
+    };
+    let offset = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
+    Some((offset, layout, f[3].parse().unwrap()))
+}
