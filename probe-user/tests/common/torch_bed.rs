@@ -20,13 +20,21 @@ pub fn torch_venvs(test: &str) -> Option<Vec<PathBuf>> {
         println!("SKIPPED {test}: no torch test bed");
         return None;
     };
-    let venvs: Vec<PathBuf> = std::env::split_paths(&v).collect();
-    for venv in &venvs {
-        assert!(
-            venv.join("bin/python").is_file(),
-            "MEMSCOPE_TORCH_VENVS names {}, which has no bin/python",
+    let (venvs, absent): (Vec<PathBuf>, Vec<PathBuf>) = std::env::split_paths(&v)
+        .filter(|p| !p.as_os_str().is_empty())
+        .partition(|venv| venv.join("bin/python").is_file());
+    // A release this machine's bed does not have yet (set up before it joined the bed).
+    for venv in &absent {
+        eprintln!(
+            "SKIPPED {test} on {}: MEMSCOPE_TORCH_VENVS names it but it has no bin/python \
+             (`cargo xtask setup` installs it)",
             venv.display()
         );
+        println!("SKIPPED {test} on {}: not installed", venv.display());
+    }
+    if venvs.is_empty() {
+        println!("SKIPPED {test}: no venv of the torch test bed is installed");
+        return None;
     }
     Some(venvs)
 }
