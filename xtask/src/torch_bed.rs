@@ -305,7 +305,8 @@ fn make_venv(
         TorchFrom::PyPi => run(install().arg(format!("torch=={torch}")).args(extra))?,
         TorchFrom::PyPiWithoutCuda => {
             run(install().arg("--no-deps").arg(format!("torch=={torch}")))?;
-            run(install().args(extra))?;
+            // pip would list every nvidia-* wheel torch asks for as missing.
+            run(install().arg("--no-warn-conflicts").args(extra))?;
         }
         TorchFrom::VenvOf(base_npu) => {
             let base = RELEASES
