@@ -3,8 +3,9 @@
 //! (tests/fixtures/python/torch_npu_train.py) is traced in launch mode and with `--pid`, and
 //! every framework row is checked against what the script itself printed (`data_ptr()`,
 //! `memory_allocated()`, `memory_reserved()`), on the releases of the test bed: two whose
-//! `MemoryUsage` layouts differ (GNU ld builds, one log string per event) and the newest
-//! (mold-linked, each event logged twice).
+//! `MemoryUsage` layouts differ (GNU ld builds, one log string per event), the newest
+//! (mold-linked, each event logged twice), a GNU ld one that logs each event twice
+//! (2.8.0.post4) and the oldest the docs support (2.1.0.post8).
 
 mod common;
 
@@ -655,8 +656,8 @@ fn real_torch_npu_oom_report() {
 /// tools put it: gdb breakpoints at 2.8.0.post2's file offset 0x32f42a0 (8 direct callers, as
 /// in its source) and objdump's disassembly of 2.5.1 (its 6 call sites: 3 in the caching and
 /// 3 in the workspace allocator, as in its source), with the layout each source has; for the
-/// newest (2.14.0: mold-linked, each event logged twice), capstone's reading of the release
-/// matrix (real_torch_matrix.rs).
+/// other releases of the bed (2.14.0: mold-linked; 2.8.0.post4: GNU ld, each event logged
+/// twice; the oldest, 2.1.0.post8), capstone's reading of the release matrix.
 #[test]
 fn torch_npu_report_function_is_found_in_both_releases() {
     let Some(venvs) = torch_venvs("torch_npu_report_function_is_found_in_both_releases") else {
@@ -675,9 +676,9 @@ fn torch_npu_report_function_is_found_in_both_releases() {
         let expected = match site.version.as_deref() {
             Some("2.8.0.post2") => (0x32f42a0, UsageLayout::WithComponent, 8),
             Some("2.5.1") => (0x1c622c0, UsageLayout::Original, 6),
-            // capstone's reading (tests/tools/torch_npu_reading.py, tests/data/*.tsv).
-            Some("2.14.0") => (0x5a6e550, UsageLayout::WithComponent, 8),
-            other => panic!("no independent figures for torch_npu {other:?}"),
+            other => other
+                .and_then(capstone_reading)
+                .unwrap_or_else(|| panic!("no independent figures for torch_npu {other:?}")),
         };
         assert_eq!(
             (site.file_offset, site.layout, site.callers),

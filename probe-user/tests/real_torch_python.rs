@@ -21,17 +21,19 @@ use common::*;
 const STEPS: u32 = 3;
 
 /// The entry of torch_npu's memory report function (where PTA rows are made) in each wheel's
-/// libtorch_npu.so, as gdb and objdump place it (see real_torch.rs).
+/// libtorch_npu.so, as gdb and objdump place it (see real_torch.rs), or capstone.
 fn report_function(release: &str) -> u64 {
     if release.ends_with("npu-2.8.0.post2") {
         0x32f42a0
     } else if release.ends_with("npu-2.5.1") {
         0x1c622c0
-    } else if release.ends_with("npu-2.14.0") {
-        // capstone's reading (tests/tools/torch_npu_reading.py, tests/data/*.tsv).
-        0x5a6e550
     } else {
-        panic!("no independent figure for the report function of {release}")
+        // capstone's reading (tests/tools/torch_npu_reading.py, tests/data/*.tsv).
+        release
+            .split_once("_npu-")
+            .and_then(|(_, npu)| capstone_reading(npu))
+            .unwrap_or_else(|| panic!("no independent figure for the report function of {release}"))
+            .0
     }
 }
 

@@ -1,12 +1,15 @@
 //! The real-framework test bed: the released `torch` and `torch_npu` wheels from PyPI in cached
 //! virtual environments, and the simulated CANN they run on (`make -C tests/fixtures cann`).
 //!
-//! Two torch_npu releases whose `MemoryUsage` layouts differ (see probe-user/src/trace/torch_npu.rs)
-//! are pinned. PyPI's x86-64 torch is the CUDA build: with its `nvidia-*` dependencies a venv
-//! is about 6 GB, so the venvs live outside the repository (`$MEMSCOPE_BPF_CACHE`, default
-//! `~/.cache/memscope-bpf/venvs`) and are made once; a finished one holds a `.memscope-ready`
-//! marker. torch_npu pins a `+cpu` torch build that PyPI does not serve, so it is installed
-//! with `--no-deps` next to PyPI's torch of the same version.
+//! The releases pinned ([`RELEASES`]) cover both `MemoryUsage` layouts (see
+//! probe-user/src/trace/torch_npu.rs), the oldest and newest supported release and each way
+//! a release was built. PyPI's x86-64 torch is the CUDA build: with its `nvidia-*`
+//! dependencies a venv is about 6 GB, so the venvs live outside the repository
+//! (`$MEMSCOPE_BPF_CACHE`, default `~/.cache/memscope-bpf/venvs`) and are made once; a
+//! finished one holds a `.memscope-ready` marker. The newer entries skip the `nvidia-*`
+//! wheels or share another venv's torch ([`TorchFrom`]). torch_npu pins a `+cpu` torch build
+//! that PyPI does not serve, so it is installed with `--no-deps` next to PyPI's torch of the
+//! same version.
 //!
 //! From torch 2.10, PyPI's CUDA `libc10_cuda.so` registers allocator-config keys that
 //! torch_npu registers too, and `import torch_npu` aborts (`Duplicated key '...'`); on an
@@ -31,14 +34,60 @@ use anyhow::{Context, Result, bail};
 
 use crate::cmd;
 
-/// (torch, torch_npu, extra requirements) of each release in the bed.
-pub const RELEASES: [(&str, &str, &[&str]); 3] = [
+/// Where a release's venv gets its torch.
+#[derive(Clone, Copy)]
+pub enum TorchFrom {
+    /// PyPI's torch with all its dependencies (the nvidia-* wheels: ~4 GB).
+    PyPi,
+    /// PyPI's torch without the nvidia-* wheels (~700 MB); tests/tools/cuda_absent.py stands
+    /// in for the CUDA libraries it links, as on an Ascend host where CUDA does not exist.
+    PyPiWithoutCuda,
+    /// The torch of the venv of this torch_npu release (the same torch version), through a
+    /// `.pth` file: only the torch_npu wheel is downloaded.
+    VenvOf(&'static str),
+}
+
+/// (torch, torch_npu, extra requirements, where torch comes from) of each release in the bed.
+/// The first is the tests' default release; a `VenvOf` comes after the venv it names.
+pub const RELEASES: [(&str, &str, &[&str], TorchFrom); 5] = [
     // MemoryUsage with component_type (released 2026-01).
-    ("2.8.0", "2.8.0.post2", &["numpy", "pyyaml"]),
+    (
+        "2.8.0",
+        "2.8.0.post2",
+        &["numpy", "pyyaml"],
+        TorchFrom::PyPi,
+    ),
     // The newest: mold-linked, each allocator event logged twice, config keys renamed.
-    ("2.14.0", "2.14.0", &["numpy", "pyyaml"]),
+    ("2.14.0", "2.14.0", &["numpy", "pyyaml"], TorchFrom::PyPi),
     // The original MemoryUsage (git 9e105ea, 2025-04).
-    ("2.5.1", "2.5.1", &["numpy<2", "pyyaml"]),
+    ("2.5.1", "2.5.1", &["numpy<2", "pyyaml"], TorchFrom::PyPi),
+    // GNU ld, each allocator event logged twice (two copies of each log string).
+    (
+        "2.8.0",
+        "2.8.0.post4",
+        &[],
+        TorchFrom::VenvOf("2.8.0.post2"),
+    ),
+    // The oldest release the docs support.
+    (
+        "2.1.0",
+        "2.1.0.post8",
+        TORCH_2_1_DEPS,
+        TorchFrom::PyPiWithoutCuda,
+    ),
+];
+
+/// torch 2.1.0's own requirements but the nvidia-* wheels and triton (CUDA only), and
+/// torch_npu 2.1's.
+const TORCH_2_1_DEPS: &[&str] = &[
+    "numpy<2",
+    "pyyaml",
+    "filelock",
+    "typing-extensions",
+    "sympy",
+    "networkx",
+    "jinja2",
+    "fsspec",
 ];
 
 /// The environment variable the tests read the venvs from (`:`-separated).
@@ -66,7 +115,7 @@ pub fn venv(torch: &str, npu: &str) -> Result<PathBuf> {
 
 /// The venvs, in `RELEASES` order, as the tests want them.
 pub fn venvs() -> Result<Vec<PathBuf>> {
-    RELEASES.iter().map(|(t, n, _)| venv(t, n)).collect()
+    RELEASES.iter().map(|(t, n, ..)| venv(t, n)).collect()
 }
 
 /// True when every release's venv is installed and ready.
@@ -84,15 +133,26 @@ pub fn matrix_fetched() -> bool {
 pub fn prepare(repo: &Path) -> Result<String> {
     let mut made = Vec::new();
     let mut sites = Vec::new();
-    for (torch, npu, extra) in RELEASES {
+    for (torch, npu, extra, from) in RELEASES {
         let dir = venv(torch, npu)?;
         if !dir.join(READY_MARKER).is_file() {
+            let what = match from {
+                TorchFrom::PyPi => {
+                    "PyPI's CUDA build of torch with its nvidia-* wheels: ~4 GB to download once"
+                }
+                TorchFrom::PyPiWithoutCuda => {
+                    "PyPI's torch without its nvidia-* wheels: ~0.7 GB to download once, 1.7 GB kept"
+                }
+                TorchFrom::VenvOf(_) => {
+                    "torch_npu's wheel only, torch shared with the venv named: ~0.1 GB kept"
+                }
+            };
             println!(
                 "[setup] torch test bed: installing torch=={torch} and torch_npu=={npu} into {} \
-                 (PyPI's CUDA build of torch with its nvidia-* wheels: ~4 GB to download once)",
+                 ({what})",
                 dir.display()
             );
-            make_venv(&dir, torch, npu, extra)?;
+            make_venv(repo, &dir, torch, npu, extra, from)?;
             made.push(npu);
         }
         sites.push(site_packages(&dir)?);
@@ -110,7 +170,7 @@ pub fn prepare(repo: &Path) -> Result<String> {
         ));
     cmd::output(&mut make).context("building the simulated CANN for torch_npu")?;
     let mut renamed = Vec::new();
-    for (torch, npu, _) in RELEASES {
+    for (torch, npu, ..) in RELEASES {
         let dir = venv(torch, npu)?;
         if !dir.join(IMPORTS_MARKER).is_file() {
             renamed.extend(rename_cuda_config_keys(repo, &dir)?);
@@ -221,7 +281,14 @@ fn fetch_matrix(repo: &Path) -> Result<String> {
         .to_owned())
 }
 
-fn make_venv(dir: &Path, torch: &str, npu: &str, extra: &[&str]) -> Result<()> {
+fn make_venv(
+    repo: &Path,
+    dir: &Path,
+    torch: &str,
+    npu: &str,
+    extra: &[&str],
+    from: TorchFrom,
+) -> Result<()> {
     if dir.exists() {
         // A half-made venv from an interrupted run.
         fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -229,13 +296,48 @@ fn make_venv(dir: &Path, torch: &str, npu: &str, extra: &[&str]) -> Result<()> {
     fs::create_dir_all(dir.parent().unwrap_or(dir))?;
     run(Command::new("python3").args(["-m", "venv"]).arg(dir))?;
     let pip = dir.join("bin/pip");
-    run(Command::new(&pip)
-        .args(["install", "-q", "--disable-pip-version-check"])
-        .arg(format!("torch=={torch}"))
-        .args(extra))?;
-    run(Command::new(&pip)
-        .args(["install", "-q", "--disable-pip-version-check", "--no-deps"])
-        .arg(format!("torch-npu=={npu}")))?;
+    let install = || {
+        let mut c = Command::new(&pip);
+        c.args(["install", "-q", "--disable-pip-version-check"]);
+        c
+    };
+    match from {
+        TorchFrom::PyPi => run(install().arg(format!("torch=={torch}")).args(extra))?,
+        TorchFrom::PyPiWithoutCuda => {
+            run(install().arg("--no-deps").arg(format!("torch=={torch}")))?;
+            // pip would list every nvidia-* wheel torch asks for as missing.
+            run(install().arg("--no-warn-conflicts").args(extra))?;
+        }
+        TorchFrom::VenvOf(base_npu) => {
+            let base = RELEASES
+                .iter()
+                .find(|r| r.1 == base_npu && r.0 == torch)
+                .with_context(|| format!("no release {base_npu} with torch {torch} in the bed"))?;
+            let base_site = site_packages(&venv(base.0, base.1)?)?;
+            let own = dir.join(
+                base_site
+                    .strip_prefix(venv(base.0, base.1)?)
+                    .context("the base venv's site-packages")?,
+            );
+            fs::create_dir_all(&own)?;
+            // After the venv's own site-packages on sys.path: its torch_npu comes first.
+            fs::write(
+                own.join("memscope-shared-torch.pth"),
+                format!("{}\n", base_site.display()),
+            )?;
+            if !extra.is_empty() {
+                run(install().args(extra))?;
+            }
+        }
+    }
+    run(install().arg("--no-deps").arg(format!("torch-npu=={npu}")))?;
+    if let TorchFrom::PyPiWithoutCuda = from {
+        let mut absent = Command::new("python3");
+        absent
+            .arg(repo.join("tests/tools/cuda_absent.py"))
+            .arg(site_packages(dir)?);
+        println!("[setup] {}", cmd::output(&mut absent)?.trim());
+    }
     fs::write(
         dir.join(READY_MARKER),
         format!("torch=={torch} torch_npu=={npu}\n"),
