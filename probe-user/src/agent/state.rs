@@ -77,6 +77,11 @@ pub struct AgentCounters {
     pub sampled_stacks: AtomicU64,
     pub unsampled_allocations: AtomicU64,
     pub processes_seen: AtomicU64,
+    /// Holds at a vendor library's open (`trace::hold`), those the watchdog ended, and
+    /// their total time.
+    pub holds: AtomicU64,
+    pub holds_by_watchdog: AtomicU64,
+    pub hold_ns: AtomicU64,
 }
 
 /// What the HTTP side reads.
@@ -367,6 +372,14 @@ impl Observer for AgentObserver {
             .unwrap_or_else(|e| e.into_inner());
         procs.insert(s.pid, s);
         self.prune(&mut procs);
+    }
+
+    fn held(&mut self, _pid: u32, held_ns: u64, by_watchdog: bool) {
+        let c = &self.shared.counters;
+        c.holds.fetch_add(1, Ordering::Relaxed);
+        c.holds_by_watchdog
+            .fetch_add(by_watchdog as u64, Ordering::Relaxed);
+        c.hold_ns.fetch_add(held_ns, Ordering::Relaxed);
     }
 }
 

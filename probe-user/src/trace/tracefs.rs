@@ -59,6 +59,7 @@ pub fn read_offsets(root: &Path) -> Result<TracepointOffsets> {
         openat_filename: field("syscalls/sys_enter_openat", "filename")?,
         openat_ret: field("syscalls/sys_exit_openat", "ret")?,
         stop_on_discovery: 0,
+        hold_vendor_opens: 0,
         capture_stacks: 0,
         python_stacks: 0,
     })
