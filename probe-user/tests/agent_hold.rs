@@ -1,0 +1,375 @@
+//! The node agent's hold (docs/agent.md, "No first allocation missed"), end to end with the
+//! real agent binary started with its defaults (no `--lib`): jobs in "containers" (new mount
+//! and PID namespaces, each in its own cgroup, each with its own copy of the simulated vendor
+//! libraries) have every allocation counted; a process that opens no vendor library is never
+//! stopped; a hold outlives no frozen agent; a job over in a fraction of a second keeps its
+//! name, steps and symbolized frames. Ground truth: each program's own log, its own count of
+//! SIGCONTs received, and /proc.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{agent::*, *};
+
+type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
+
+/// `name{labels} value` lines of an exposition.
+fn samples(text: &str) -> Samples {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let labels = labels
+            .split("\",")
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('"').to_string())
+            })
+            .collect();
+        out.push((name.to_string(), labels, value.parse().unwrap()));
+    }
+    out
+}
+
+fn metrics(agent: &TestAgent) -> Samples {
+    let (status, body) = get(&agent.addr, "/metrics").expect("GET /metrics");
+    assert_eq!(status, 200);
+    samples(&body)
+}
+
+/// A per-process series' value, if the agent has one for `pid`.
+fn of_pid(m: &Samples, name: &str, pid: u32) -> Option<f64> {
+    m.iter()
+        .find(|(n, l, _)| n == name && l.get("pid") == Some(&pid.to_string()))
+        .map(|(_, _, v)| *v)
+}
+
+/// A label-free series' value (0 when absent).
+fn global(m: &Samples, name: &str) -> f64 {
+    m.iter()
+        .find(|(n, l, _)| n == name && l.is_empty())
+        .map_or(0.0, |(_, _, v)| *v)
+}
+
+/// Device -> bytes live at the end of a fixture log (driver blocks), and its allocations.
+fn log_live_by_device(log: &Path) -> (BTreeMap<String, u64>, u64) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let mut live: BTreeMap<u64, (String, u64)> = BTreeMap::new();
+    let mut allocs = 0;
+    for line in text.lines() {
+        let f = log_fields(line);
+        match line.split(' ').next() {
+            Some("MALLOC") => {
+                allocs += 1;
+                live.insert(
+                    hex(f["addr"]),
+                    (f["dev"].to_string(), f["size"].parse().unwrap()),
+                );
+            }
+            Some("FREE") => {
+                live.remove(&hex(f["addr"]));
+            }
+            _ => {}
+        }
+    }
+    let mut by = BTreeMap::new();
+    for (dev, size) in live.into_values() {
+        *by.entry(dev).or_default() += size;
+    }
+    (by, allocs)
+}
+
+/// Device -> live bytes the agent reports for `pid` (every owner; zero series left out).
+fn metrics_live_by_device(m: &Samples, pid: u32) -> BTreeMap<String, u64> {
+    let mut by = BTreeMap::new();
+    for (_, l, v) in m
+        .iter()
+        .filter(|(n, l, _)| n == "memscope_live_bytes" && l["pid"] == pid.to_string())
+    {
+        *by.entry(l["device"].clone()).or_default() += *v as u64;
+    }
+    by.retain(|_, v| *v > 0);
+    by
+}
+
+/// Waits until /metrics says each of `pids` exited; on failure, says what the agent's log
+/// says of them.
+fn wait_exited(agent: &mut TestAgent, pids: &[u32], dir: &Path) -> Samples {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = metrics(agent);
+        if pids
+            .iter()
+            .all(|pid| of_pid(&m, "memscope_process_exited", *pid) == Some(1.0))
+        {
+            return m;
+        }
+        if Instant::now() > deadline {
+            let bg = agent.bg.take().unwrap();
+            // SAFETY: plain kill(2) on our child.
+            unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
+            let (_, text) = bg.finish();
+            let about: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    pids.iter().any(|p| l.contains(&format!(" {p} ")))
+                        || l.contains(dir.to_str().unwrap())
+                })
+                .collect();
+            panic!("the agent never reported the exit of {pids:?}; its log of them:\n{}", about.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An "image": the workload and its own copy of the simulated vendor libraries (new inodes,
+/// never seen by the agent), laid out as `bin/` and `lib/` (the workload's RUNPATH is
+/// `$ORIGIN/../lib`).
+fn image(dir: &Path) -> PathBuf {
+    let build = fixtures();
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::copy(build.join("bin/workload"), dir.join("bin/workload")).unwrap();
+    for lib in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
+        std::fs::copy(build.join("lib").join(lib), dir.join("lib").join(lib)).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// Where the unified (v2) cgroup hierarchy is mounted.
+fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// A cgroup made for the test, removed (with its parents up to the test's own) at the end.
+struct Cgroup {
+    path: PathBuf,
+    top: PathBuf,
+}
+
+impl Cgroup {
+    /// `rel` under a cgroup of this test run's own, named as a container runtime names it.
+    fn new(rel: &str) -> Cgroup {
+        let top = cgroup2_root().join(format!("memscope-test-{}", std::process::id()));
+        let path = top.join(rel);
+        std::fs::create_dir_all(&path).unwrap();
+        Cgroup { path, top }
+    }
+
+    /// The cgroup path as /proc/PID/cgroup shows it ("0::/...").
+    fn shown(&self) -> String {
+        format!("/{}", self.path.strip_prefix(cgroup2_root()).unwrap().display())
+    }
+
+    /// Host pids in the cgroup running `comm`.
+    fn pids_named(&self, comm: &str) -> Vec<u32> {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == comm)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let mut dir = self.path.clone();
+        while dir.starts_with(&self.top) {
+            let _ = std::fs::remove_dir(&dir);
+            if !dir.pop() {
+                break;
+            }
+        }
+    }
+}
+
+/// Starts `IMAGE/bin/workload ARGS` as a container would: in cgroup `cg`, in new mount and
+/// PID namespaces, the image bind-mounted at `at` in its namespace only.
+fn start_container(cg: &Cgroup, image: &Path, at: &Path, args: &[&str]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let procs = std::ffi::CString::new(cg.path.join("cgroup.procs").to_str().unwrap()).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--pid", "--fork", "--propagation", "private", "--"])
+        .args([
+            "sh",
+            "-c",
+            r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+            "sh",
+        ])
+        .arg(image)
+        .arg(at)
+        .arg(at.join("bin/workload"))
+        .args(args)
+        .stdout(Stdio::null());
+    // SAFETY: only open/write/close between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            libc::close(fd);
+            if ok {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    cmd.spawn().expect("start unshare")
+}
+
+/// The host pid of the one `workload` in `cg`, once it has started.
+fn workload_pid(cg: &Cgroup) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let [pid] = cg.pids_named("workload")[..] {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no workload in {}", cg.shown());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
+    const TEST: &str = "agent_counts_every_allocation_of_jobs_in_containers_started_after_it";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-containers");
+    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    // Both images are mounted at the same path, each in its own namespace: the path the
+    // agent cleared in one container names another file in the other.
+    let at = dir.join("opt-ascend");
+    std::fs::create_dir_all(&at).unwrap();
+    let containers = [
+        (
+            Cgroup::new(
+                "kubepods.slice/kubepods-besteffort.slice/\
+                 kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0.slice/\
+                 cri-containerd-1111111111111111111111111111111111111111111111111111111111111111.scope",
+            ),
+            image(&dir.join("image-a")),
+            dir.join("a.log"),
+        ),
+        (
+            Cgroup::new("docker/2222222222222222222222222222222222222222222222222222222222222222"),
+            image(&dir.join("image-b")),
+            dir.join("b.log"),
+        ),
+    ];
+    let mut jobs = Vec::new();
+    for (cg, image, log) in &containers {
+        let go = log.with_extension("go");
+        // `--pre-allocs`: it allocates before anything else, right at its start.
+        let args = [
+            "--pre-allocs",
+            "3",
+            "--wait-file",
+            go.to_str().unwrap(),
+            "--devices",
+            "2",
+            "--threads",
+            "2",
+            "--steps",
+            "2",
+            "--allocs",
+            "3",
+            "--leaks",
+            "1",
+            "--log",
+            log.to_str().unwrap(),
+        ];
+        let child = start_container(cg, image, &at, &args);
+        let pid = workload_pid(cg);
+        jobs.push((child, pid, go));
+    }
+    let mut pids = Vec::new();
+    for (mut child, pid, go) in jobs {
+        std::fs::write(&go, b"").unwrap();
+        assert!(child.wait().unwrap().success(), "container of {pid} failed");
+        pids.push(pid);
+    }
+    let m = wait_exited(&mut agent, &pids, &dir);
+    for ((cg, _, log), pid) in containers.iter().zip(&pids) {
+        let (live, allocs) = log_live_by_device(log);
+        assert!(allocs >= 15 && !live.is_empty(), "{}", log.display());
+        assert_eq!(
+            of_pid(&m, "memscope_allocations_total", *pid),
+            Some(allocs as f64),
+            "allocations of pid {pid} in {} vs {}",
+            cg.shown(),
+            log.display()
+        );
+        assert_eq!(
+            metrics_live_by_device(&m, *pid),
+            live,
+            "live bytes by device of pid {pid} in {} vs {}",
+            cg.shown(),
+            log.display()
+        );
+    }
+    assert!(global(&m, "memscope_agent_holds_total") >= 2.0);
+    // A third container maps image A under another path: the same files (device and inode),
+    // so no new probes, and every allocation counted all the same.
+    let other = dir.join("srv-cann");
+    std::fs::create_dir_all(&other).unwrap();
+    let log_c = dir.join("c.log");
+    let go_c = dir.join("c.go");
+    let cg_c = Cgroup::new("docker/3333333333333333333333333333333333333333333333333333333333333333");
+    let mut child = start_container(
+        &cg_c,
+        &containers[0].1,
+        &other,
+        &[
+            "--pre-allocs",
+            "2",
+            "--wait-file",
+            go_c.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--log",
+            log_c.to_str().unwrap(),
+        ],
+    );
+    let pid_c = workload_pid(&cg_c);
+    std::fs::write(&go_c, b"").unwrap();
+    assert!(child.wait().unwrap().success());
+    let m = wait_exited(&mut agent, &[pid_c], &dir);
+    let (live, allocs) = log_live_by_device(&log_c);
+    assert_eq!(of_pid(&m, "memscope_allocations_total", pid_c), Some(allocs as f64));
+    assert_eq!(metrics_live_by_device(&m, pid_c), live);
+    let (code, text) = agent.stop();
+    assert_eq!(code, Some(0), "{text}");
+    let probed_at = |root: &Path| {
+        text.lines()
+            .filter(|l| l.contains(&format!("probe halMemAlloc at {}/", root.display())))
+            .count()
+    };
+    assert_eq!(probed_at(&at), 2, "each image's HAL probed once:\n{text}");
+    assert_eq!(probed_at(&other), 0, "image A's HAL probed again under {}", other.display());
+}
