@@ -367,3 +367,151 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     assert_eq!(probed_at(&at), 2, "each image's HAL probed once:\n{text}");
     assert_eq!(probed_at(&other), 0, "image A's HAL probed again under {}", other.display());
 }
+
+/// A Python program that counts the SIGCONTs it receives (only a process that was stopped
+/// is continued by the agent or its watchdog), waits for the file `argv[1]`, dlopens each of
+/// `argv[3:]`, and writes its count to `argv[2]`.
+const COUNTS_CONTINUES: &str = r#"
+import ctypes, os, signal, sys, time
+continued = 0
+def on_cont(signum, frame):
+    global continued
+    continued += 1
+signal.signal(signal.SIGCONT, on_cont)
+print("PID", os.getpid(), flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+for path in sys.argv[3:]:
+    ctypes.CDLL(path)
+    time.sleep(0.005)
+time.sleep(0.05)
+with open(sys.argv[2], "w") as f:
+    f.write(str(continued))
+"#;
+
+/// Starts `COUNTS_CONTINUES` opening `libs` once `gate` exists; returns it and its pid.
+fn start_counting(dir: &Path, gate: &Path, count: &Path, libs: &[PathBuf]) -> (std::process::Child, u32) {
+    use std::io::BufRead;
+    let script = dir.join("counts_continues.py");
+    std::fs::write(&script, COUNTS_CONTINUES).unwrap();
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(gate)
+        .arg(count)
+        .args(libs)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid = line.trim().strip_prefix("PID ").unwrap().parse().unwrap();
+    (child, pid)
+}
+
+/// Fresh copies of a fixture library, each in its own directory (paths the agent never saw).
+fn copies(dir: &Path, lib: &str, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let d = dir.join(format!("{lib}-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::copy(fixtures().join("lib").join(lib), d.join(lib)).unwrap();
+            d.join(lib)
+        })
+        .collect()
+}
+
+fn read_count(path: &Path) -> u32 {
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn agent_never_holds_a_process_that_opens_no_vendor_library() {
+    const TEST: &str = "agent_never_holds_a_process_that_opens_no_vendor_library";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-no-hold");
+    let plugins = copies(&dir, "libplugin.so", 20);
+    let hal = copies(&dir, "libascend_hal.so", 1);
+    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+
+    // Twenty shared objects the agent never saw, none of them a vendor library.
+    let (gate, count) = (dir.join("plain.go"), dir.join("plain.count"));
+    let (mut plain, plain_pid) = start_counting(&dir, &gate, &count, &plugins);
+    std::fs::write(&gate, b"").unwrap();
+    let mut states = Vec::new();
+    while plain.try_wait().unwrap().is_none() {
+        states.extend(process_state(plain_pid));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(states.len() > 10, "too few looks at {plain_pid}: {states:?}");
+    assert!(!states.contains(&'T'), "{plain_pid} was stopped: {states:?}");
+    assert_eq!(read_count(&count), 0, "{plain_pid} was continued, so it was stopped");
+
+    // The same program opening a vendor library is held (the check above can fail).
+    let (gate, count) = (dir.join("hal.go"), dir.join("hal.count"));
+    let (mut vendor, vendor_pid) = start_counting(&dir, &gate, &count, &hal);
+    std::fs::write(&gate, b"").unwrap();
+    assert!(vendor.wait().unwrap().success());
+    assert!(read_count(&count) >= 1, "{vendor_pid} was never held");
+
+    let (code, text) = agent.stop();
+    assert_eq!(code, Some(0));
+    let held = |pid: u32| text.contains(&format!("pid {pid} held at a vendor library's open"));
+    assert!(!held(plain_pid) && held(vendor_pid), "{text}");
+}
+
+#[test]
+fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
+    const TEST: &str = "watchdog_releases_a_process_held_while_the_agent_is_frozen";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-frozen-hold");
+    let hal = copies(&dir, "libascend_hal.so", 1);
+    let mut agent = TestAgent::start_with_defaults(&[]);
+    let (gate, count) = (dir.join("go"), dir.join("count"));
+    let (mut job, pid) = start_counting(&dir, &gate, &count, &hal);
+    let agent_pid = agent.pid() as i32;
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(agent_pid, libc::SIGSTOP) };
+    std::fs::write(&gate, b"").unwrap();
+    // Held at the open (nobody drains the ring), then continued by the watchdog alone. The
+    // deadlines only keep a broken run from hanging: the watchdog's bound is 1 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen_stopped = false;
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break Some(status);
+        }
+        seen_stopped |= process_state(pid) == Some('T');
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let released_at = Instant::now();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(agent_pid, libc::SIGCONT) };
+    let status = status.unwrap_or_else(|| {
+        let _ = job.kill();
+        panic!("{pid} still not through after 60 s with the agent frozen")
+    });
+    assert!(status.success());
+    assert!(seen_stopped, "{pid} was never held");
+    assert!(read_count(&count) >= 1, "{pid} was never continued");
+    // The agent, thawed, finds the hold ended by the watchdog and counts it.
+    let deadline = released_at + Duration::from_secs(60);
+    while global(&metrics(&agent), "memscope_agent_holds_released_by_watchdog_total") < 1.0 {
+        assert!(Instant::now() < deadline, "no hold counted as the watchdog's");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bg = agent.bg.take().unwrap();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(bg.finish().0, Some(0));
+}
