@@ -515,3 +515,102 @@ fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
     unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
     assert_eq!(bg.finish().0, Some(0));
 }
+
+/// One HTTP GET with a binary body: (status, body).
+fn get_bytes(addr: &str, path: &str) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&all[..split]).into_owned();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, all[split + 4..].to_vec())
+}
+
+/// `go tool pprof -top` of a profile: the function names it lists.
+fn pprof_functions(profile: &Path) -> Vec<String> {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=inuse_space"])
+        .arg(profile)
+        .output()
+        .expect("run `go tool pprof` (Debian golang-go; `cargo xtask setup` installs it)");
+    assert!(
+        out.status.success(),
+        "go tool pprof: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[1].ends_with('%')).then(|| f[5..].join(" "))
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
+    const TEST: &str = "a_job_over_in_a_moment_keeps_its_name_steps_and_frames";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-short-job");
+    // The workload linked against its own copies of the HAL, ACL and mstx (never seen).
+    let build = fixtures();
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::copy(build.join("bin/workload"), dir.join("bin/workload")).unwrap();
+    for lib in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
+        std::fs::copy(build.join("lib").join(lib), dir.join("lib").join(lib)).unwrap();
+    }
+    let mut agent = TestAgent::start_with_defaults(&[]);
+    let log = dir.join("gt.log");
+    let started = Instant::now();
+    let out = Command::new(dir.join("bin/workload"))
+        .args(["--steps", "6", "--allocs", "2", "--leaks", "1", "--log"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(out.status.success());
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
+        .expect("PID line");
+    eprintln!("the job ran for {:.0} ms", took.as_secs_f64() * 1e3);
+
+    let m = wait_exited(&mut agent, &[pid], &dir);
+    let comm = m
+        .iter()
+        .find(|(n, l, _)| n == "memscope_process_exited" && l["pid"] == pid.to_string())
+        .map(|(_, l, _)| l["comm"].clone());
+    assert_eq!(comm.as_deref(), Some("workload"));
+    // The job's own count: the highest step its log names.
+    let steps = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| log_fields(l).get("step")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(of_pid(&m, "memscope_step", pid), Some(steps as f64));
+    assert_eq!(steps, 6);
+    let (live, allocs) = log_live_by_device(&log);
+    assert_eq!(of_pid(&m, "memscope_allocations_total", pid), Some(allocs as f64));
+    assert_eq!(metrics_live_by_device(&m, pid), live);
+
+    let (status, body) = get_bytes(&agent.addr, &format!("/debug/pprof/heap?pid={pid}"));
+    assert_eq!(status, 200);
+    let profile = dir.join("heap.pb.gz");
+    std::fs::write(&profile, body).unwrap();
+    let functions = pprof_functions(&profile);
+    for f in ["do_alloc", "thread_main"] {
+        assert!(
+            functions.iter().any(|g| g == f),
+            "{f} not among the profile's functions: {functions:?}"
+        );
+    }
+}

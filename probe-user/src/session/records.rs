@@ -98,6 +98,11 @@ impl Session {
                             .mark_known_path(path.as_os_str().as_encoded_bytes());
                     }
                     if *stopped && self.bpf.holds.is_some() {
+                        // Held, so alive: its mappings so far (the libraries opened before
+                        // this one are mapped) serve a short job's stacks after it exits.
+                        if let Some(r) = &mut self.stacks {
+                            r.snapshot(*pid);
+                        }
                         self.release_hold(*pid, *tid, *path_hash, *cgroup, *ts_mono);
                     } else {
                         self.resume_if(*stopped, *pid);
