@@ -173,6 +173,15 @@ impl StackResolver {
         let (view_id, view) = match self.views.get(&sample.pid) {
             Some((id, v, false)) if v.lookup(sample.ip).is_some() => (*id, v.clone()),
             known => match ProcessView::from_pid(sample.pid) {
+                // An exiting process has no mappings left (its /proc entry stays until it is
+                // reaped): the last view that holds the sample's address serves.
+                Ok(v)
+                    if v.lookup(sample.ip).is_none()
+                        && known.is_some_and(|(_, k, _)| k.lookup(sample.ip).is_some()) =>
+                {
+                    let (id, k, _) = known.expect("checked");
+                    (*id, k.clone())
+                }
                 Ok(v) => {
                     // Taken now, while the process is alive; files are opened (pinned) so
                     // they stay readable after it exits or deletes them.
