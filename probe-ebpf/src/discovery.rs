@@ -15,7 +15,9 @@ use probe_common::{DATA_LEN, FNV_OFFSET, FNV_PRIME, RawEvent, counter, event_fla
 
 use crate::{
     capture::copy_user_str,
-    emit::{BPF_RB_FORCE_WAKEUP, emit, emit_stopping, emit_unhurried, scratch, stop_current_thread},
+    emit::{
+        BPF_RB_FORCE_WAKEUP, emit, emit_stopping, emit_unhurried, scratch, stop_current_thread,
+    },
     maps::{EVENTS, bump, current_ids, is_traced, offsets},
 };
 

@@ -22,7 +22,10 @@ type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
 /// `name{labels} value` lines of an exposition.
 fn samples(text: &str) -> Samples {
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let (series, value) = line.rsplit_once(' ').unwrap();
         let (name, labels) = match series.split_once('{') {
             Some((n, rest)) => (n, rest.trim_end_matches('}')),
@@ -126,7 +129,10 @@ fn wait_exited(agent: &mut TestAgent, pids: &[u32], dir: &Path) -> Samples {
                         || l.contains(dir.to_str().unwrap())
                 })
                 .collect();
-            panic!("the agent never reported the exit of {pids:?}; its log of them:\n{}", about.join("\n"));
+            panic!(
+                "the agent never reported the exit of {pids:?}; its log of them:\n{}",
+                about.join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -139,7 +145,11 @@ fn image(dir: &Path) -> PathBuf {
     let build = fixtures();
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     std::fs::create_dir_all(dir.join("vendor")).unwrap();
-    std::fs::copy(build.join("bin/workload_dlopen"), dir.join("bin/workload_dlopen")).unwrap();
+    std::fs::copy(
+        build.join("bin/workload_dlopen"),
+        dir.join("bin/workload_dlopen"),
+    )
+    .unwrap();
     std::fs::copy(
         build.join("lib/libascend_hal.so"),
         dir.join("vendor/libascend_hal.so"),
@@ -177,7 +187,10 @@ impl Cgroup {
 
     /// The cgroup path as /proc/PID/cgroup shows it ("0::/...").
     fn shown(&self) -> String {
-        format!("/{}", self.path.strip_prefix(cgroup2_root()).unwrap().display())
+        format!(
+            "/{}",
+            self.path.strip_prefix(cgroup2_root()).unwrap().display()
+        )
     }
 
     /// Host pids in the cgroup running `comm`.
@@ -187,8 +200,7 @@ impl Cgroup {
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/comm"))
-                    .is_ok_and(|c| c.trim() == comm)
+                std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
             })
             .collect()
     }
@@ -212,18 +224,25 @@ fn start_container(cg: &Cgroup, image: &Path, at: &Path, args: &[&str]) -> std::
     use std::os::unix::process::CommandExt;
     let procs = std::ffi::CString::new(cg.path.join("cgroup.procs").to_str().unwrap()).unwrap();
     let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--pid", "--fork", "--propagation", "private", "--"])
-        .args([
-            "sh",
-            "-c",
-            r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
-            "sh",
-        ])
-        .arg(image)
-        .arg(at)
-        .arg(at.join("bin/workload_dlopen"))
-        .args(args)
-        .stdout(Stdio::null());
+    cmd.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--propagation",
+        "private",
+        "--",
+    ])
+    .args([
+        "sh",
+        "-c",
+        r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+        "sh",
+    ])
+    .arg(image)
+    .arg(at)
+    .arg(at.join("bin/workload_dlopen"))
+    .args(args)
+    .stdout(Stdio::null());
     // SAFETY: only open/write/close between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
@@ -336,7 +355,8 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     std::fs::create_dir_all(&other).unwrap();
     let log_c = dir.join("c.log");
     let go_c = dir.join("c.go");
-    let cg_c = Cgroup::new("docker/3333333333333333333333333333333333333333333333333333333333333333");
+    let cg_c =
+        Cgroup::new("docker/3333333333333333333333333333333333333333333333333333333333333333");
     let mut child = start_container(
         &cg_c,
         &containers[0].1,
@@ -355,7 +375,10 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     assert!(child.wait().unwrap().success());
     let m = wait_exited(&mut agent, &[pid_c], &dir);
     let (live, allocs) = log_live_by_device(&log_c);
-    assert_eq!(of_pid(&m, "memscope_allocations_total", pid_c), Some(allocs as f64));
+    assert_eq!(
+        of_pid(&m, "memscope_allocations_total", pid_c),
+        Some(allocs as f64)
+    );
     assert_eq!(metrics_live_by_device(&m, pid_c), live);
     let (code, text) = agent.stop();
     assert_eq!(code, Some(0), "{text}");
@@ -365,7 +388,12 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
             .count()
     };
     assert_eq!(probed_at(&at), 2, "each image's HAL probed once:\n{text}");
-    assert_eq!(probed_at(&other), 0, "image A's HAL probed again under {}", other.display());
+    assert_eq!(
+        probed_at(&other),
+        0,
+        "image A's HAL probed again under {}",
+        other.display()
+    );
 }
 
 /// A Python program that counts the SIGCONTs it receives (only a process that was stopped
@@ -390,7 +418,12 @@ with open(sys.argv[2], "w") as f:
 "#;
 
 /// Starts `COUNTS_CONTINUES` opening `libs` once `gate` exists; returns it and its pid.
-fn start_counting(dir: &Path, gate: &Path, count: &Path, libs: &[PathBuf]) -> (std::process::Child, u32) {
+fn start_counting(
+    dir: &Path,
+    gate: &Path,
+    count: &Path,
+    libs: &[PathBuf],
+) -> (std::process::Child, u32) {
     use std::io::BufRead;
     let script = dir.join("counts_continues.py");
     std::fs::write(&script, COUNTS_CONTINUES).unwrap();
@@ -423,7 +456,11 @@ fn copies(dir: &Path, lib: &str, n: usize) -> Vec<PathBuf> {
 }
 
 fn read_count(path: &Path) -> u32 {
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -447,9 +484,19 @@ fn agent_never_holds_a_process_that_opens_no_vendor_library() {
         states.extend(process_state(plain_pid));
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(states.len() > 10, "too few looks at {plain_pid}: {states:?}");
-    assert!(!states.contains(&'T'), "{plain_pid} was stopped: {states:?}");
-    assert_eq!(read_count(&count), 0, "{plain_pid} was continued, so it was stopped");
+    assert!(
+        states.len() > 10,
+        "too few looks at {plain_pid}: {states:?}"
+    );
+    assert!(
+        !states.contains(&'T'),
+        "{plain_pid} was stopped: {states:?}"
+    );
+    assert_eq!(
+        read_count(&count),
+        0,
+        "{plain_pid} was continued, so it was stopped"
+    );
 
     // The same program opening a vendor library is held (the check above can fail).
     let (gate, count) = (dir.join("hal.go"), dir.join("hal.count"));
@@ -506,8 +553,15 @@ fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
     assert!(read_count(&count) >= 1, "{pid} was never continued");
     // The agent, thawed, finds the hold ended by the watchdog and counts it.
     let deadline = released_at + Duration::from_secs(60);
-    while global(&metrics(&agent), "memscope_agent_holds_released_by_watchdog_total") < 1.0 {
-        assert!(Instant::now() < deadline, "no hold counted as the watchdog's");
+    while global(
+        &metrics(&agent),
+        "memscope_agent_holds_released_by_watchdog_total",
+    ) < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no hold counted as the watchdog's"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let bg = agent.bg.take().unwrap();
@@ -521,7 +575,11 @@ fn get_bytes(addr: &str, path: &str) -> (u16, Vec<u8>) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut all = Vec::new();
     s.read_to_end(&mut all).unwrap();
     let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
@@ -599,7 +657,10 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
     assert_eq!(of_pid(&m, "memscope_step", pid), Some(steps as f64));
     assert_eq!(steps, 6);
     let (live, allocs) = log_live_by_device(&log);
-    assert_eq!(of_pid(&m, "memscope_allocations_total", pid), Some(allocs as f64));
+    assert_eq!(
+        of_pid(&m, "memscope_allocations_total", pid),
+        Some(allocs as f64)
+    );
     assert_eq!(metrics_live_by_device(&m, pid), live);
 
     let (status, body) = get_bytes(&agent.addr, &format!("/debug/pprof/heap?pid={pid}"));

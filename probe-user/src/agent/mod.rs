@@ -164,7 +164,8 @@ fn load(opts: &AgentOptions) -> Result<Loaded> {
     offsets.hold_vendor_opens = (!opts.no_hold) as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
-    offsets.python_stacks = python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
+    offsets.python_stacks =
+        python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     let mut watchdog = None;
     if !opts.no_hold {

@@ -229,9 +229,7 @@ fn tracked_entry<'a>(
     pid: u32,
 ) -> &'a mut Tracked {
     tracked.entry(pid).or_insert_with(|| {
-        let comm = held_names
-            .remove(&pid)
-            .unwrap_or_else(|| process_comm(pid));
+        let comm = held_names.remove(&pid).unwrap_or_else(|| process_comm(pid));
         shared
             .counters
             .processes_seen

@@ -500,7 +500,11 @@ impl Session {
         log::debug(&format!(
             "pid {pid} held at a vendor library's open for {:.2} ms, released by {}",
             held_ns as f64 / 1e6,
-            if by_watchdog { "the watchdog" } else { "the agent" }
+            if by_watchdog {
+                "the watchdog"
+            } else {
+                "the agent"
+            }
         ));
     }
 
