@@ -675,3 +675,77 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
         );
     }
 }
+
+#[test]
+fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
+    const TEST: &str = "a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated";
+    let Some(venvs) = torch_venvs(TEST) else {
+        return;
+    };
+    let _g = serial();
+    let dir = scratch("agent-hold-torch");
+    // Its own copy of the simulated CANN, made before the agent starts: files it never saw.
+    let cann = dir.join("cann");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(cann_dir())
+        .arg(&cann)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let mut agent = TestAgent::start_with_defaults(&[]);
+    let venv = &venvs[0];
+    let release = bed_release(venv);
+    let (log, hold) = (dir.join("gt.log"), dir.join("hold"));
+    let mut job = Command::new(venv.join("bin/python"))
+        .arg(torch_script())
+        .arg("--log")
+        .arg(&log)
+        .args(["--steps", "3", "--hold-file"])
+        .arg(&hold)
+        .env("ASCEND_HOME_PATH", &cann)
+        .env("ASCEND_OPP_PATH", cann.join("opp"))
+        .env("LD_LIBRARY_PATH", cann.join("lib64"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start python");
+    let text = wait_for_text(&log, "DONE", 600);
+    let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
+    let end = &log_lines(&text, "EMPTY_CACHE")[0];
+    let allocated: u64 = end["allocated"].parse().unwrap();
+    assert!(allocated > 0, "{text}");
+    let pta = |m: &Samples| -> u64 {
+        m.iter()
+            .filter(|(n, l, _)| {
+                n == "memscope_live_bytes"
+                    && l["pid"] == pid.to_string()
+                    && l["owner"] == "PTA"
+                    && l["device"] == "0"
+            })
+            .map(|(_, _, v)| *v as u64)
+            .sum()
+    };
+    // The agent is behind by its reorder window and snapshot interval, more under load.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let seen = loop {
+        let seen = pta(&metrics(&agent));
+        if seen == allocated || Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::fs::write(&hold, b"").unwrap();
+    assert!(job.wait().unwrap().success(), "{release}: the script failed\n{text}");
+    assert_eq!(
+        seen, allocated,
+        "{release}: PTA live bytes of pid {pid} vs its memory_allocated()\n{text}"
+    );
+    let bg = agent.bg.take().unwrap();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
+    let (code, log_text) = bg.finish();
+    assert_eq!(code, Some(0));
+    for l in log_text.lines().filter(|l| l.contains(&format!("pid {pid} "))) {
+        eprintln!("{l}");
+    }
+}
