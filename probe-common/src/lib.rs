@@ -534,6 +534,8 @@ pub struct TracepointOffsets {
     pub openat_dfd: u32,
     pub openat_filename: u32,
     pub openat_ret: u32,
+    /// `flags` of `sys_enter_openat`: an open for writing is never held (`hold_vendor_opens`).
+    pub openat_flags: u32,
     /// 1: stop a traced process at exec and at the open of an unknown shared object until
     /// user space has attached (launch mode). 0: never signal the target (attach mode).
     pub stop_on_discovery: u32,

@@ -21,6 +21,9 @@ use crate::{
     maps::{EVENTS, bump, current_ids, is_traced, offsets},
 };
 
+/// Linux `O_ACCMODE`: an open with any of these bits set may write.
+const O_ACCMODE: u64 = 3;
+
 /// `probe_common::vendor_name_hash` of the file names the agent probes (user space fills it).
 #[map]
 static VENDOR_NAMES: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
@@ -68,7 +71,9 @@ fn try_enter_openat(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     ev.args[1] = hash;
-    ev.args[2] = name_hash;
+    // A writer (a runtime unpacking an image) is never held: no name matches 0.
+    let flags: u64 = unsafe { ctx.read_at(off.openat_flags as usize) }.unwrap_or(0);
+    ev.args[2] = if flags & O_ACCMODE == 0 { name_hash } else { 0 };
     let _ = OPENS.insert(&tid, ev, 0);
     Some(())
 }

@@ -738,7 +738,10 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
         std::thread::sleep(Duration::from_millis(200));
     };
     std::fs::write(&hold, b"").unwrap();
-    assert!(job.wait().unwrap().success(), "{release}: the script failed\n{text}");
+    assert!(
+        job.wait().unwrap().success(),
+        "{release}: the script failed\n{text}"
+    );
     assert_eq!(
         seen, allocated,
         "{release}: PTA live bytes of pid {pid} vs its memory_allocated()\n{text}"
@@ -748,7 +751,10 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
     unsafe { libc::kill(bg.child.id() as i32, libc::SIGTERM) };
     let (code, log_text) = bg.finish();
     assert_eq!(code, Some(0));
-    for l in log_text.lines().filter(|l| l.contains(&format!("pid {pid} "))) {
+    for l in log_text
+        .lines()
+        .filter(|l| l.contains(&format!("pid {pid} ")))
+    {
         eprintln!("{l}");
     }
 }
