@@ -332,6 +332,33 @@ pub fn path_hash(bytes: &[u8]) -> u64 {
     h
 }
 
+/// FNV-1a over a file name up to and including its first `.so` (the whole name when it has
+/// none): the key of `VENDOR_NAMES`, so `libascend_hal.so.1` is held as `libascend_hal.so` is.
+/// The BPF side computes the same over the last component of the path passed to openat.
+pub fn vendor_name_hash(name: &[u8]) -> u64 {
+    let mut h: u64 = FNV_OFFSET;
+    let mut i = 0;
+    while i < name.len() && i < DATA_LEN {
+        let b = name[i];
+        if b == 0 {
+            break;
+        }
+        h = (h ^ b as u64).wrapping_mul(FNV_PRIME);
+        if i >= 2 && name[i - 2] == b'.' && name[i - 1] == b's' && b == b'o' {
+            break;
+        }
+        i += 1;
+    }
+    h
+}
+
+/// The key of `CLEARED` (the agent's holds): an opened path's [`path_hash`] in one cgroup. The
+/// same path may name another container's file, so a path cleared in one cgroup is held
+/// again, once, in another (a second path or cgroup to a probed file gets no new probes).
+pub fn hold_key(path_hash: u64, cgroup_id: u64) -> u64 {
+    path_hash ^ cgroup_id.wrapping_mul(FNV_PRIME).rotate_left(29)
+}
+
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
@@ -507,9 +534,15 @@ pub struct TracepointOffsets {
     pub openat_dfd: u32,
     pub openat_filename: u32,
     pub openat_ret: u32,
+    /// `flags` of `sys_enter_openat`: an open for writing is never held (`hold_vendor_opens`).
+    pub openat_flags: u32,
     /// 1: stop a traced process at exec and at the open of an unknown shared object until
     /// user space has attached (launch mode). 0: never signal the target (attach mode).
     pub stop_on_discovery: u32,
+    /// 1 (the node agent): stop a process at the open of a shared object whose name is in
+    /// `VENDOR_NAMES` and whose path is not yet `CLEARED` in its cgroup, recording it in
+    /// `HELD`, until user space has attached that file's probes.
+    pub hold_vendor_opens: u32,
     /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
     /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding.
     pub capture_stacks: u32,

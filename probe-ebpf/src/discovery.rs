@@ -1,19 +1,42 @@
 //! Library discovery: `enter_openat` / `exit_openat` report each shared object a traced
 //! process opens, so libraries loaded later get probes too; in launch mode an object user
-//! space has not planned (`KNOWN_PATHS`) stops the process until it has.
+//! space has not planned (`KNOWN_PATHS`) stops the process until it has. The node agent
+//! holds a process the same way at the open of a vendor library (`VENDOR_NAMES`) whose path
+//! it has not cleared in the process's cgroup (`CLEARED`), and records the hold in `HELD`
+//! for its watchdog.
 
 use aya_ebpf::{
+    helpers::bpf_get_current_cgroup_id,
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{HashMap, LruHashMap},
     programs::TracePointContext,
 };
-use probe_common::{DATA_LEN, FNV_OFFSET, FNV_PRIME, RawEvent, kind};
+use probe_common::{DATA_LEN, FNV_OFFSET, FNV_PRIME, RawEvent, counter, event_flags, kind};
 
 use crate::{
     capture::copy_user_str,
-    emit::{emit_stopping, emit_unhurried, scratch},
-    maps::{current_ids, is_traced, offsets},
+    emit::{
+        BPF_RB_FORCE_WAKEUP, emit, emit_stopping, emit_unhurried, scratch, stop_current_thread,
+    },
+    maps::{EVENTS, bump, current_ids, is_traced, offsets},
 };
+
+/// Linux `O_ACCMODE`: an open with any of these bits set may write.
+const O_ACCMODE: u64 = 3;
+
+/// `probe_common::vendor_name_hash` of the file names the agent probes (user space fills it).
+#[map]
+static VENDOR_NAMES: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+
+/// `probe_common::hold_key`s (path and cgroup) whose file has its probes: no hold at their
+/// open. LRU: a busy node's many cgroups never fill it, an evicted key costs one more hold.
+#[map]
+static CLEARED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
+
+/// Threads the agent's hold stopped -> their process: user space removes its entry when it
+/// continues the process, the watchdog when it does (so each knows who released it).
+#[map]
+static HELD: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Opens of shared objects between syscall entry and exit, keyed by thread id.
 #[map]
@@ -43,11 +66,14 @@ fn try_enter_openat(ctx: &TracePointContext) -> Option<()> {
     let ev = scratch(kind::OPEN, tgid, tid)?;
     ev.args[0] = dfd as u64;
     copy_user_str(ev, filename as *const u8);
-    let (hash, shared_object) = scan_path(&ev.data);
+    let (hash, shared_object, name_hash) = scan_path(&ev.data);
     if !shared_object {
         return None;
     }
     ev.args[1] = hash;
+    // A writer (a runtime unpacking an image) is never held: no name matches 0.
+    let flags: u64 = unsafe { ctx.read_at(off.openat_flags as usize) }.unwrap_or(0);
+    ev.args[2] = if flags & O_ACCMODE == 0 { name_hash } else { 0 };
     let _ = OPENS.insert(&tid, ev, 0);
     Some(())
 }
@@ -67,7 +93,19 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     let (_, tid) = current_ids();
     let ev = unsafe { &mut *OPENS.get_ptr_mut(&tid)? };
     let ret: i64 = unsafe { ctx.read_at(offsets().openat_ret as usize) }.unwrap_or(-1);
-    if ret >= 0 {
+    if ret >= 0 && offsets().hold_vendor_opens != 0 {
+        // The agent: only a vendor library it has not cleared for this cgroup holds; any
+        // other open is reported as before.
+        let cgroup = unsafe { bpf_get_current_cgroup_id() };
+        ev.args[3] = cgroup;
+        let vendor = unsafe { VENDOR_NAMES.get(&ev.args[2]) }.is_some();
+        let key = probe_common::hold_key(ev.args[1], cgroup);
+        if vendor && unsafe { CLEARED.get(&key) }.is_none() {
+            emit_holding(ev, tid);
+        } else {
+            emit(ev);
+        }
+    } else if ret >= 0 {
         let launch = offsets().stop_on_discovery != 0;
         // Only launch mode reads it (the agent and `--pid` never stop at an open).
         let planned = launch && unsafe { KNOWN_PATHS.get(&ev.args[1]) }.is_some();
@@ -87,10 +125,32 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
-/// FNV-1a of the path (as `probe_common::path_hash`) and whether its file name contains `.so`.
+/// Emits `ev` with the calling thread stopped and recorded in `HELD` (the agent's hold). As
+/// `emit_stopping`, the record is reserved first; without room in `HELD` or the ring the
+/// process runs on unheld (the first calls may then be missed, as before holds existed).
 #[inline(always)]
-fn scan_path(data: &[u8; DATA_LEN]) -> (u64, bool) {
+fn emit_holding(ev: &mut RawEvent, tid: u32) {
+    let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
+        bump(counter::RINGBUF_FULL);
+        return;
+    };
+    if HELD.insert(&tid, &ev.pid, 0).is_ok() {
+        if stop_current_thread() {
+            ev.flags |= event_flags::STOPPED;
+        } else {
+            let _ = HELD.remove(&tid);
+        }
+    }
+    entry.write(*ev);
+    entry.submit(BPF_RB_FORCE_WAKEUP);
+}
+
+/// FNV-1a of the path (as `probe_common::path_hash`), whether its file name contains `.so`,
+/// and the hash of that name up to its first `.so` (`probe_common::vendor_name_hash`).
+#[inline(always)]
+fn scan_path(data: &[u8; DATA_LEN]) -> (u64, bool, u64) {
     let mut h = FNV_OFFSET;
+    let mut name = FNV_OFFSET;
     let mut shared_object = false;
     let mut prev2 = 0u8;
     let mut prev1 = 0u8;
@@ -102,11 +162,17 @@ fn scan_path(data: &[u8; DATA_LEN]) -> (u64, bool) {
         h = (h ^ b as u64).wrapping_mul(FNV_PRIME);
         if b == b'/' {
             shared_object = false;
-        } else if prev2 == b'.' && prev1 == b's' && b == b'o' {
-            shared_object = true;
+            name = FNV_OFFSET;
+        } else {
+            if !shared_object {
+                name = (name ^ b as u64).wrapping_mul(FNV_PRIME);
+            }
+            if prev2 == b'.' && prev1 == b's' && b == b'o' {
+                shared_object = true;
+            }
         }
         prev2 = prev1;
         prev1 = b;
     }
-    (h, shared_object)
+    (h, shared_object, name)
 }

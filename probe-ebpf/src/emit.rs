@@ -13,7 +13,7 @@ use crate::maps::{EVENTS, SCRATCH, bump};
 
 /// `bpf_ringbuf_output` flags and `bpf_ringbuf_query` selector (uapi/linux/bpf.h).
 pub(crate) const BPF_RB_NO_WAKEUP: u64 = 1;
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
+pub(crate) const BPF_RB_FORCE_WAKEUP: u64 = 2;
 pub(crate) const BPF_RB_AVAIL_DATA: u64 = 0;
 pub(crate) const BPF_RB_RING_SIZE: u64 = 1;
 /// Call events wake user space only once this much is waiting (about 700 records); below it
@@ -107,6 +107,6 @@ pub(crate) fn scratch(kind_: u16, tgid: u32, tid: u32) -> Option<&'static mut Ra
 }
 
 #[inline(always)]
-fn stop_current_thread() -> bool {
+pub(crate) fn stop_current_thread() -> bool {
     unsafe { bpf_send_signal_thread(SIGSTOP) == 0 }
 }

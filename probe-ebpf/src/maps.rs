@@ -100,7 +100,9 @@ static TP_OFFSETS: TracepointOffsets = TracepointOffsets {
     openat_dfd: 16,
     openat_filename: 24,
     openat_ret: 16,
+    openat_flags: 32,
     stop_on_discovery: 0,
+    hold_vendor_opens: 0,
     capture_stacks: 0,
     python_stacks: 0,
 };

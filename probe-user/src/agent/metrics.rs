@@ -206,6 +206,13 @@ pub fn render(shared: &Arc<Shared>, format: Format) -> String {
         cpu.clone(),
     );
     cpu.inc_by(self_cpu_seconds());
+    let hold = Counter::<f64, AtomicU64>::default();
+    reg.register(
+        "memscope_agent_hold_seconds",
+        "Time processes spent held at vendor library opens, in all",
+        hold.clone(),
+    );
+    hold.inc_by(shared.counters.hold_ns.load(Ordering::Relaxed) as f64 / 1e9);
     let c = &shared.counters;
     for (name, help, v) in [
         (
@@ -232,6 +239,16 @@ pub fn render(shared: &Arc<Shared>, format: Format) -> String {
             "memscope_agent_processes_seen",
             "Processes picked up since the agent started",
             c.processes_seen.load(Ordering::Relaxed),
+        ),
+        (
+            "memscope_agent_holds",
+            "Processes held at the open of a vendor library until its probes were in place",
+            c.holds.load(Ordering::Relaxed),
+        ),
+        (
+            "memscope_agent_holds_released_by_watchdog",
+            "Holds the watchdog ended because the agent was frozen or gone",
+            c.holds_by_watchdog.load(Ordering::Relaxed),
         ),
     ] {
         let counter = Counter::<u64>::default();

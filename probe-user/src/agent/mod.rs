@@ -20,7 +20,11 @@
 //!   the `Accept` header asks for it, else the 0.0.4 text format), `/ready`,
 //!   `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
 //!
-//! The agent never stops or signals a traced process (`stop_on_discovery` stays off).
+//! * the hold (`trace::hold`): a process that opens a vendor library not yet probed for it
+//!   is stopped at that open until the file's probes are in place, so no job's first
+//!   allocation is missed; a watchdog (`trace::watchdog`, given the `HELD` map) continues
+//!   held processes if the agent freezes or dies. `--no-hold` turns it off. No other
+//!   process is ever stopped or signalled (`stop_on_discovery` stays off).
 //!
 //! A second front end beside `main`: uses `session`, `trace`, `events`, `state`, `analysis`
 //! (sites), `output`, `settings` and `log` (its options are parsed by `cli`, which it never
@@ -45,7 +49,7 @@ use crate::{
     state::{StepFilter, TrackOptions},
     trace::attach::Planner,
     trace::bpf::{self, Scope},
-    trace::tracefs,
+    trace::{hold, tracefs, watchdog::Watchdog},
 };
 
 use options::AgentOptions;
@@ -107,6 +111,8 @@ fn run(opts: &AgentOptions) -> Result<()> {
     let shared = Arc::new(Shared::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     raise_fd_limit();
+    // Before the server's thread: the watchdog is forked while we have one thread.
+    let loaded = load(opts)?;
     let hosts = http::AllowedHosts::new(&opts.allow_hosts);
     let server = http::serve(listener, shared.clone(), opts.sample_bytes, hosts, stop_rx);
     log::info(&format!(
@@ -114,12 +120,28 @@ fn run(opts: &AgentOptions) -> Result<()> {
         opts.listen
     ));
 
-    let result = trace(opts, &shared);
+    let (bpf, ring, watchdog) = loaded;
+    let result = trace(opts, &shared, bpf, ring);
     let _ = stop_tx.send(true);
     // The listener closes with the server's thread: before the detacher below is forked,
     // or that child would hold the port for its lifetime (a `systemctl restart` then fails
     // with "Address already in use").
     let _ = server.join();
+    let result = result.map(|mut bpf| {
+        // Whatever the drain left held (nothing, normally) goes on before we leave.
+        if let Some(holds) = &mut bpf.holds {
+            holds.release_all();
+        }
+        bpf
+    });
+    if let Some(w) = watchdog {
+        if result.is_ok() {
+            w.disarm();
+        } else {
+            // Dropped without disarming: it continues anything still held while we exit.
+            drop(w);
+        }
+    }
     let bpf = result?;
     // As for a single run (main.rs): benchmarks need the probes gone when the agent exits.
     if std::env::var("MEMSCOPE_BPF_DETACH").as_deref() == Ok("foreground") {
@@ -130,19 +152,47 @@ fn run(opts: &AgentOptions) -> Result<()> {
     Ok(())
 }
 
-/// Traces until a signal; returns the BPF side, still attached, for the caller to release.
-fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<bpf::Bpf> {
+type Loaded = (
+    bpf::Bpf,
+    aya::maps::RingBuf<aya::maps::MapData>,
+    Option<Watchdog>,
+);
+
+/// Loads the BPF side, with the hold at vendor library opens and its watchdog unless
+/// `--no-hold`.
+fn load(opts: &AgentOptions) -> Result<Loaded> {
     let tracefs = tracefs::ensure_mounted()?;
     let mut offsets = tracefs::read_offsets(tracefs)?;
-    // Never hold a process: the agent watches jobs it did not start.
+    // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
-    offsets.capture_stacks = if stack_depth.is_some() { 2 } else { 0 };
+    offsets.hold_vendor_opens = (!opts.no_hold) as u32;
+    offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
-    let python_depth =
-        (opts.python_depth > 0 && stack_depth.is_some()).then_some(opts.python_depth);
-    offsets.python_stacks = python_depth.map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
+    offsets.python_stacks =
+        python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
+    let mut watchdog = None;
+    if !opts.no_hold {
+        let holds = hold::Holds::new(&mut bpf, &hold::vendor_names(&opts.libs))?;
+        watchdog = Some(Watchdog::start_for_holds(holds.held_map_fd())?);
+        bpf.holds = Some(holds);
+    }
+    Ok((bpf, ring, watchdog))
+}
+
+fn python_depth(opts: &AgentOptions) -> Option<usize> {
+    (opts.python_depth > 0 && opts.stack_depth > 0).then_some(opts.python_depth)
+}
+
+/// Traces until a signal; returns the BPF side, still attached, for the caller to release.
+fn trace(
+    opts: &AgentOptions,
+    shared: &Arc<Shared>,
+    mut bpf: bpf::Bpf,
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+) -> Result<bpf::Bpf> {
+    let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
+    let python_depth = python_depth(opts);
     if stack_depth.is_some() {
         sampling::configure_bpf(&mut bpf, opts.sample_bytes)?;
     }

@@ -86,6 +86,12 @@ pub struct AgentOptions {
     /// the same as /debug/pprof/heap) to FILE
     #[arg(long, value_name = "FILE", verbatim_doc_comment)]
     pub heap_profile_out: Option<PathBuf>,
+    /// Never hold a process: by default one that opens a vendor library
+    /// not yet probed for it stops at that open until its probes are in
+    /// place (bounded by a watchdog; docs/agent.md). With this, its first
+    /// calls may be missed
+    #[arg(long, verbatim_doc_comment)]
+    pub no_hold: bool,
     /// BPF ring buffer size in MiB, a power of two [default: 64]
     #[arg(long, value_name = "N", default_value = "64", value_parser = parse_ring_buffer)]
     pub ring_buffer_mib: u32,

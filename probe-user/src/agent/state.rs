@@ -79,6 +79,11 @@ pub struct AgentCounters {
     pub sampled_stacks: AtomicU64,
     pub unsampled_allocations: AtomicU64,
     pub processes_seen: AtomicU64,
+    /// Holds at a vendor library's open (`trace::hold`), those the watchdog ended, and
+    /// their total time.
+    pub holds: AtomicU64,
+    pub holds_by_watchdog: AtomicU64,
+    pub hold_ns: AtomicU64,
 }
 
 /// What the HTTP side reads.
@@ -122,6 +127,9 @@ pub struct AgentObserver {
     keep_exited: Duration,
     max_exited: usize,
     tracked: HashMap<u32, Tracked, AddrHash>,
+    /// Names read while a process was held at a vendor library's open, for when it is
+    /// picked up (a short job may be gone by its first call's arrival). Bounded.
+    held_names: HashMap<u32, String, AddrHash>,
     /// The pid `received` last made sure of.
     last_received: Option<u32>,
     other: Arc<str>,
@@ -138,13 +146,14 @@ impl AgentObserver {
             keep_exited: opts.keep_exited,
             max_exited: opts.max_exited,
             tracked: HashMap::default(),
+            held_names: HashMap::default(),
             last_received: None,
             other: Arc::from(OTHER_STACKS),
         }
     }
 
     fn tracked(&mut self, pid: u32) -> &mut Tracked {
-        tracked_entry(&mut self.tracked, &self.shared, pid)
+        tracked_entry(&mut self.tracked, &mut self.held_names, &self.shared, pid)
     }
 
     fn snapshot(&mut self, state: &ProcessState) -> ProcessSnapshot {
@@ -219,11 +228,12 @@ impl AgentObserver {
 /// The counters of `pid`, made (and the process logged as picked up) at its first event.
 fn tracked_entry<'a>(
     tracked: &'a mut HashMap<u32, Tracked, AddrHash>,
+    held_names: &mut HashMap<u32, String, AddrHash>,
     shared: &Shared,
     pid: u32,
 ) -> &'a mut Tracked {
     tracked.entry(pid).or_insert_with(|| {
-        let comm = process_comm(pid);
+        let comm = held_names.remove(&pid).unwrap_or_else(|| process_comm(pid));
         shared
             .counters
             .processes_seen
@@ -287,11 +297,12 @@ impl Observer for AgentObserver {
         let sampler = self.sampler;
         let Self {
             tracked,
+            held_names,
             shared,
             other,
             ..
         } = self;
-        let t = tracked_entry(tracked, shared, state.pid);
+        let t = tracked_entry(tracked, held_names, shared, state.pid);
         for r in rows {
             let is_malloc = match r.event {
                 "MALLOC" => true,
@@ -374,6 +385,21 @@ impl Observer for AgentObserver {
             .unwrap_or_else(|e| e.into_inner());
         procs.insert(s.pid, s);
         self.prune(&mut procs);
+    }
+
+    fn held(&mut self, pid: u32, held_ns: u64, by_watchdog: bool) {
+        if !self.tracked.contains_key(&pid) {
+            // Processes held but never picked up (no call) leave names behind: a bound.
+            if self.held_names.len() >= 4096 {
+                self.held_names.clear();
+            }
+            self.held_names.insert(pid, process_comm(pid));
+        }
+        let c = &self.shared.counters;
+        c.holds.fetch_add(1, Ordering::Relaxed);
+        c.holds_by_watchdog
+            .fetch_add(by_watchdog as u64, Ordering::Relaxed);
+        c.hold_ns.fetch_add(held_ns, Ordering::Relaxed);
     }
 }
 

@@ -269,6 +269,11 @@ pub enum Decoded {
         path: PathBuf,
         stopped: bool,
         ts_mono: u64,
+        /// Who opened it, the path's `probe_common::path_hash` and the cgroup id (the agent's
+        /// hold, `trace::hold`; 0 elsewhere).
+        tid: u32,
+        path_hash: u64,
+        cgroup: u64,
     },
 }
 
@@ -407,6 +412,9 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
             path: path(),
             stopped,
             ts_mono: raw.ts_ns,
+            tid: raw.tid,
+            path_hash: raw.args[1],
+            cgroup: raw.args[3],
         }),
         _ => None,
     }

@@ -91,7 +91,10 @@ pub struct StackResolver {
     queued: Vec<Job>,
     results: mpsc::Receiver<Vec<(u64, Arc<str>)>>,
     ready: HashMap<u64, Arc<str>>,
-    views: HashMap<u32, (u64, Arc<ProcessView>)>,
+    /// Each process's mappings: (view id, view, stale). A stale view (its mappings changed)
+    /// is taken anew at the next sample, but still serves once the process is gone: a short
+    /// job's samples often reach us after its exit.
+    views: HashMap<u32, (u64, Arc<ProcessView>, bool)>,
     next_id: u64,
     next_view_id: u64,
     worker: Option<thread::JoinHandle<()>>,
@@ -133,7 +136,9 @@ impl StackResolver {
 
     /// The process's mappings changed (exec, a library opened): snapshot them anew next time.
     pub fn invalidate(&mut self, pid: u32) {
-        self.views.remove(&pid);
+        if let Some(v) = self.views.get_mut(&pid) {
+            v.2 = true;
+        }
     }
 
     /// The process is gone: let its view go, and with it the files it pinned (jobs already
@@ -143,12 +148,14 @@ impl StackResolver {
         self.views.remove(&pid);
     }
 
-    /// Snapshots a process's mappings now (it is about to exit; see `ProbeId::LibcExit`).
+    /// Snapshots a process's mappings now, while it is held (about to exit, see
+    /// `ProbeId::LibcExit`; or the agent's hold at a vendor library's open).
     pub fn snapshot(&mut self, pid: u32) {
         if let Ok(v) = ProcessView::from_pid(pid) {
             v.pin_all();
             self.next_view_id += 1;
-            self.views.insert(pid, (self.next_view_id, Arc::new(v)));
+            self.views
+                .insert(pid, (self.next_view_id, Arc::new(v), false));
         }
     }
 
@@ -164,20 +171,39 @@ impl StackResolver {
         let id = self.next_id;
         self.next_id += 1;
         let (view_id, view) = match self.views.get(&sample.pid) {
-            Some((id, v)) if v.lookup(sample.ip).is_some() => (*id, v.clone()),
-            _ => {
-                // Taken now, while the process is alive; files are opened (pinned) so they stay
-                // readable after it exits or deletes them.
-                let v = Arc::new(
-                    ProcessView::from_pid(sample.pid)
-                        .unwrap_or_else(|_| ProcessView::from_maps_text("")),
-                );
-                v.pin_all();
-                self.next_view_id += 1;
-                self.views
-                    .insert(sample.pid, (self.next_view_id, v.clone()));
-                (self.next_view_id, v)
-            }
+            Some((id, v, false)) if v.lookup(sample.ip).is_some() => (*id, v.clone()),
+            known => match ProcessView::from_pid(sample.pid) {
+                // An exiting process has no mappings left (its /proc entry stays until it is
+                // reaped): the last view that holds the sample's address serves.
+                Ok(v)
+                    if v.lookup(sample.ip).is_none()
+                        && known.is_some_and(|(_, k, _)| k.lookup(sample.ip).is_some()) =>
+                {
+                    let (id, k, _) = known.expect("checked");
+                    (*id, k.clone())
+                }
+                Ok(v) => {
+                    // Taken now, while the process is alive; files are opened (pinned) so
+                    // they stay readable after it exits or deletes them.
+                    let v = Arc::new(v);
+                    v.pin_all();
+                    self.next_view_id += 1;
+                    self.views
+                        .insert(sample.pid, (self.next_view_id, v.clone(), false));
+                    (self.next_view_id, v)
+                }
+                // Gone: the last view taken while it lived, if any.
+                Err(_) => match known {
+                    Some((id, v, _)) => (*id, v.clone()),
+                    None => {
+                        self.next_view_id += 1;
+                        let v = Arc::new(ProcessView::from_maps_text(""));
+                        self.views
+                            .insert(sample.pid, (self.next_view_id, v.clone(), true));
+                        (self.next_view_id, v)
+                    }
+                },
+            },
         };
         self.queued.push(Job {
             id,

@@ -88,6 +88,10 @@ pub trait Observer {
     fn tick(&mut self, states: &mut dyn Iterator<Item = &ProcessState>, events: u64, lost: u64);
     /// The process exited (or the session ends); its state is dropped after this.
     fn finished(&mut self, state: &ProcessState);
+    /// The agent's hold of process `pid` at a vendor library's open ends after `held_ns`
+    /// (`trace::hold`), the process still stopped unless `by_watchdog` (the watchdog had
+    /// continued it: the agent was frozen).
+    fn held(&mut self, _pid: u32, _held_ns: u64, _by_watchdog: bool) {}
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -474,6 +478,34 @@ impl Session {
         }
         self.print_planner_messages();
         Ok(())
+    }
+
+    /// The agent's hold of `pid` (thread `tid`) at an open is over: its probes are in place.
+    /// Continues it unless the watchdog did (`trace::hold`).
+    fn release_hold(&mut self, pid: u32, tid: u32, path_hash: u64, cgroup: u64, ts_mono: u64) {
+        let Some(holds) = &mut self.bpf.holds else {
+            return;
+        };
+        let released = holds.release(tid, path_hash, cgroup);
+        let by_watchdog = released == crate::trace::hold::Released::ByWatchdog;
+        let held_ns = clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(ts_mono);
+        // Before it goes on: the observer reads what it needs of the process (its name).
+        if let Some(obs) = &mut self.cfg.observer {
+            obs.held(pid, held_ns, by_watchdog);
+        }
+        if !by_watchdog {
+            // SAFETY: plain kill(2); a process that is gone makes it fail harmlessly.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        log::debug(&format!(
+            "pid {pid} held at a vendor library's open for {:.2} ms, released by {}",
+            held_ns as f64 / 1e6,
+            if by_watchdog {
+                "the watchdog"
+            } else {
+                "the agent"
+            }
+        ));
     }
 
     /// Continues a process the BPF side stopped for us (see `STOPPED`).

@@ -74,6 +74,9 @@ impl Session {
                     path,
                     stopped,
                     ts_mono,
+                    tid,
+                    path_hash,
+                    cgroup,
                 } => {
                     if let Some(r) = &mut self.stacks {
                         r.invalidate(*pid);
@@ -94,7 +97,16 @@ impl Session {
                         self.bpf
                             .mark_known_path(path.as_os_str().as_encoded_bytes());
                     }
-                    self.resume_if(*stopped, *pid);
+                    if *stopped && self.bpf.holds.is_some() {
+                        // Held, so alive: its mappings so far (the libraries opened before
+                        // this one are mapped) serve a short job's stacks after it exits.
+                        if let Some(r) = &mut self.stacks {
+                            r.snapshot(*pid);
+                        }
+                        self.release_hold(*pid, *tid, *path_hash, *cgroup, *ts_mono);
+                    } else {
+                        self.resume_if(*stopped, *pid);
+                    }
                     planned?;
                     self.print_planner_messages();
                 }

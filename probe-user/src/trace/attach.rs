@@ -30,7 +30,7 @@ use files::{ASCEND_DIRS, DEFAULT_DIRS, FileId, expand_origin, memchr_so};
 use memscope_symbols::{ElfObject, read_maps};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs;
-use std::os::unix::{ffi::OsStrExt, fs::MetadataExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,7 +44,10 @@ pub struct AttachedObject {
 
 pub struct Planner {
     explicit: Vec<PathBuf>,
-    seen_inodes: HashSet<(u64, u64)>,
+    /// Files probed, by device and inode (and change time: a deleted file's inode number
+    /// reused by a new file, as container layers and test copies come and go, is another
+    /// file), so one file reached by many paths (mount namespaces, bind mounts) is probed once.
+    seen_files: HashSet<FileId>,
     seen_paths: HashSet<PathBuf>,
     /// DT_NEEDED names already followed: the loader opens a name once per process (later
     /// objects needing it bind to the loaded one), so a stop need not resolve it again.
@@ -83,7 +86,7 @@ impl Planner {
     pub fn new(explicit: Vec<PathBuf>) -> Self {
         Planner {
             explicit,
-            seen_inodes: HashSet::new(),
+            seen_files: HashSet::new(),
             seen_paths: HashSet::new(),
             needed_seen: HashSet::new(),
             later: siblings::Siblings::default(),
@@ -492,7 +495,7 @@ impl Planner {
                 return Ok(());
             }
         };
-        if !meta.is_file() || !self.seen_inodes.insert((meta.dev(), meta.ino())) {
+        if !meta.is_file() || !self.seen_files.insert(FileId::of(&meta)) {
             return Ok(());
         }
         let obj = match self.parse_with(host, &meta) {

@@ -117,6 +117,8 @@ pub struct Bpf {
     process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
     /// Threads closing links of processes that left; joined before the tracer exits.
     unlinking: Vec<std::thread::JoinHandle<()>>,
+    /// The node agent's hold at vendor-library opens (`hold.rs`); None elsewhere.
+    pub holds: Option<crate::trace::hold::Holds>,
 }
 
 /// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
@@ -185,6 +187,7 @@ impl Bpf {
             scoped_requests: Vec::new(),
             process_links: Default::default(),
             unlinking: Vec::new(),
+            holds: None,
         };
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
@@ -483,6 +486,11 @@ impl Bpf {
 
     /// Marks a shared-object path (as a target would pass it to openat) as planned, so opening
     /// it does not stop the process (launch mode).
+    /// A map of the loaded object that no other part took.
+    pub fn take_map(&mut self, name: &str) -> Result<aya::maps::Map> {
+        take_map(&mut self.ebpf, name)
+    }
+
     pub fn mark_known_path(&mut self, path: &[u8]) {
         let _ = self.known_paths.insert(probe_common::path_hash(path), 1, 0);
     }

@@ -13,6 +13,7 @@ pub mod attach;
 pub mod bpf;
 pub mod bpf_log;
 pub mod disk_cache;
+pub mod hold;
 pub mod launch;
 pub mod multi_uprobe;
 pub mod placement;

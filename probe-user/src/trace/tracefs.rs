@@ -57,8 +57,10 @@ pub fn read_offsets(root: &Path) -> Result<TracepointOffsets> {
             .unwrap_or(probe_common::NO_GROUP_DEAD),
         openat_dfd: field("syscalls/sys_enter_openat", "dfd")?,
         openat_filename: field("syscalls/sys_enter_openat", "filename")?,
+        openat_flags: field("syscalls/sys_enter_openat", "flags")?,
         openat_ret: field("syscalls/sys_exit_openat", "ret")?,
         stop_on_discovery: 0,
+        hold_vendor_opens: 0,
         capture_stacks: 0,
         python_stacks: 0,
     })
@@ -116,7 +118,7 @@ mod tests {
             ),
             (
                 "syscalls/sys_enter_openat",
-                field("dfd", 16) + &field("filename", 24),
+                field("dfd", 16) + &field("filename", 24) + &field("flags", 32),
             ),
             ("syscalls/sys_exit_openat", field("ret", 16)),
         ];

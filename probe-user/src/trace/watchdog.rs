@@ -15,6 +15,11 @@
 //!   stopped is continued, for as long as the tracer stays stopped (their calls are traced
 //!   again once it runs; libraries opened meanwhile may have had no probes yet).
 //!
+//! The node agent gives it its `HELD` map instead (`Watchdog::start_for_holds`, see
+//! `hold.rs`): keys are the threads it stopped, and an entry continued here is taken out, so
+//! the agent knows it need not continue that process again, and no other process on the host
+//! (the agent traces them all) is ever continued by it.
+//!
 //! It ignores SIGINT/SIGTERM/SIGHUP (a Ctrl-C for the tracer's process group must not take it
 //! first) and writes nothing (stdout and stderr are /dev/null, so nobody waits on its output).
 
@@ -41,6 +46,16 @@ impl Watchdog {
     /// Forks the watchdog. Must run while this process has one thread (before the async
     /// runtime starts).
     pub fn start(traced_map: BorrowedFd<'_>) -> Result<Watchdog> {
+        Self::fork(traced_map, false)
+    }
+
+    /// As `start`, for the agent: `held_map` is its `HELD` map, whose entries are removed as
+    /// they are continued.
+    pub fn start_for_holds(held_map: BorrowedFd<'_>) -> Result<Watchdog> {
+        Self::fork(held_map, true)
+    }
+
+    fn fork(traced_map: BorrowedFd<'_>, take_out: bool) -> Result<Watchdog> {
         let mut fds = [0; 2];
         // SAFETY: valid out-array of two ints.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -59,7 +74,7 @@ impl Watchdog {
             let map = traced_map.as_raw_fd();
             let rd = rd.as_raw_fd();
             std::mem::forget(wr);
-            child(tracer, rd, map);
+            child(tracer, rd, Stopped { map, take_out });
         }
         drop(rd);
         Ok(Watchdog {
@@ -78,14 +93,22 @@ impl Watchdog {
     }
 }
 
+/// The map of processes the watchdog may continue.
+#[derive(Clone, Copy)]
+struct Stopped {
+    map: i32,
+    /// `HELD`: remove each key once continued (or gone).
+    take_out: bool,
+}
+
 /// The watchdog process. Never returns.
-fn child(tracer: u32, pipe: i32, map: i32) -> ! {
+fn child(tracer: u32, pipe: i32, map: Stopped) -> ! {
     // SAFETY: plain syscalls on our own process.
     unsafe {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_IGN);
         }
-        close_all_but(&[pipe, map]);
+        close_all_but(&[pipe, map.map]);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         for fd in 0..3 {
             libc::dup2(null, fd);
@@ -133,7 +156,7 @@ fn child(tracer: u32, pipe: i32, map: i32) -> ! {
 }
 
 /// The tracer is gone: continue stopped traced processes while its programs detach, then exit.
-fn dead(map: i32) -> ! {
+fn dead(map: Stopped) -> ! {
     let end = Instant::now() + AFTER_DEATH;
     while Instant::now() < end {
         continue_stopped(map);
@@ -172,14 +195,48 @@ pub fn state(pid: u32) -> Option<char> {
         .next()
 }
 
-/// SIGCONT to every process in the traced map that is stopped.
-fn continue_stopped(map: i32) {
-    for pid in map_keys(map) {
-        if state(pid) == Some('T') {
+/// SIGCONT to every process in the map that is stopped (a thread id continues its whole
+/// process); in `HELD`, each is then taken out, as are threads gone.
+fn continue_stopped(map: Stopped) {
+    for pid in map_keys(map.map) {
+        let st = state(pid);
+        if st == Some('T') {
             // SAFETY: plain kill(2).
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
+        if map.take_out && matches!(st, Some('T') | None) {
+            delete_key(map.map, pid);
+        }
     }
+}
+
+/// Removes `key` from a map with `u32` keys, through the bpf(2) syscall.
+fn delete_key(map: i32, key: u32) {
+    #[repr(C)]
+    struct MapElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    let attr = MapElemAttr {
+        map_fd: map as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: 0,
+        flags: 0,
+    };
+    // SAFETY: a valid attr for BPF_MAP_DELETE_ELEM; the kernel reads 4 bytes at `key`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_DELETE_ELEM,
+            &attr as *const MapElemAttr,
+            std::mem::size_of::<MapElemAttr>(),
+        )
+    };
 }
 
 /// The keys (pids) of the `TRACED` hash map, through the bpf(2) syscall.

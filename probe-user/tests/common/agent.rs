@@ -53,11 +53,18 @@ impl TestAgent {
             .iter()
             .map(|l| lib.join(l).display().to_string())
             .collect();
-        let addr = free_addr();
-        let mut args = vec!["agent", "--listen", &addr, "--snapshot-ms", "200"];
+        let mut args = Vec::new();
         for l in &libs {
             args.extend_from_slice(&["--lib", l]);
         }
+        args.extend_from_slice(extra);
+        Self::start_with_defaults(&args)
+    }
+
+    /// An agent on a free port with its defaults (no `--lib`), and `extra` options.
+    pub fn start_with_defaults(extra: &[&str]) -> TestAgent {
+        let addr = free_addr();
+        let mut args = vec!["agent", "--listen", &addr, "--snapshot-ms", "200"];
         args.extend_from_slice(extra);
         let agent = TestAgent {
             bg: Some(Background::spawn(&args)),
