@@ -17,6 +17,7 @@ mod cmd;
 mod demo;
 mod disk;
 mod fuzz;
+mod mindspore_bed;
 mod setup;
 mod torch_bed;
 
@@ -212,6 +213,9 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     if torch_bed::enabled() {
         let venvs = torch_bed::venvs()?;
         test.env(torch_bed::VENVS_ENV, std::env::join_paths(venvs)?);
+    }
+    if mindspore_bed::enabled() {
+        test.env(mindspore_bed::VENV_ENV, mindspore_bed::venv()?);
     }
     println!("[test] + {}", cmd::describe(&test));
     let (status, totals) = cmd::cargo_test(&mut test)?;
