@@ -285,6 +285,19 @@ impl ProcessState {
                     ));
                 }
             }
+            Call::MsPoolAlloc { size, addr, .. } => {
+                let device = self.pool_device(ev.tid);
+                if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size) {
+                    change.reserved = self.driver_bytes(device);
+                    self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
+                }
+            }
+            Call::MsPoolFree { addr, freed, .. } => {
+                if let Some(mut change) = self.ms_pools.free(*addr, *freed) {
+                    change.reserved = self.driver_bytes(change.device);
+                    self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);
+                }
+            }
             Call::PtaNotUsage(why) => {
                 if !std::mem::replace(&mut self.pta_refused, true) {
                     refuse_pta_reports(ev.pid, why);

@@ -201,6 +201,8 @@ pub struct ProcessState {
     /// Blocks left out by `--device`, so their frees are left out too.
     filtered_addrs: std::collections::HashSet<u64>,
     pools: Pools,
+    /// MindSpore's pool, from its own functions (no mstx).
+    ms_pools: crate::events::mindspore::MindSporePools,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
     /// The pool blocks the step analysis found outliving a later step, with their stacks,

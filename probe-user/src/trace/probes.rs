@@ -59,6 +59,10 @@ pub enum ProbeId {
     /// Every `aclnnX(workspace, workspaceSize, executor, stream)` of the op libraries
     /// (`aclnn.rs`); the function is the cookie's upper bits.
     AclnnOp = 45,
+    /// MindSpore's device memory pool (`libmindspore_memory_pool.so`, exported and unstripped):
+    /// `AbstractDynamicMemPool::AllocTensorMem` and `DoFreeTensorMem`, one call per tensor block.
+    MsAllocTensorMem = 46,
+    MsFreeTensorMem = 47,
 }
 
 impl ProbeId {
@@ -103,6 +107,14 @@ pub const RUNTIME_LIBRARY: &str = "libruntime.so";
 pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
 pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
 pub const ATB_LIBRARY: &str = "libatb.so";
+pub const MINDSPORE_POOL_LIBRARY: &str = "libmindspore_memory_pool.so";
+/// `void *AbstractDynamicMemPool::AllocTensorMem(size_t size, bool from_persistent_mem,
+/// bool need_recycle, uint32_t stream_id)`.
+pub const MS_ALLOC_TENSOR_MEM: &str =
+    "_ZN9mindspore6device22AbstractDynamicMemPool14AllocTensorMemEmbbj";
+/// `bool AbstractDynamicMemPool::DoFreeTensorMem(void *const &device_addr)`.
+pub const MS_FREE_TENSOR_MEM: &str =
+    "_ZN9mindspore6device22AbstractDynamicMemPool15DoFreeTensorMemERKPv";
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
@@ -313,7 +325,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 45] = [
+pub const PROBES: [ProbeDef; 47] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -629,6 +641,27 @@ pub const PROBES: [ProbeDef; 45] = [
         home: Home::OpApi,
         spec: spec(sf::WANTS_RETURN | sf::DATA_IS_BYTES, 2, 8, 0),
     },
+    // MindSpore's pool (C++: NESTED, so the return is seen at the return instructions and an
+    // exception may unwind through). The size is already the pool's aligned block size; the
+    // block's address is the return value. `this` names the pool. Dated at its return: the
+    // driver memory it mapped on the way is then in the pool's total.
+    ProbeDef {
+        id: ProbeId::MsAllocTensorMem,
+        symbol: MS_ALLOC_TENSOR_MEM,
+        home: Home::Library(MINDSPORE_POOL_LIBRARY),
+        spec: keeping(
+            spec(sf::WANTS_RETURN | sf::NESTED | sf::TIME_AT_RETURN, 0, 0, 0),
+            &[0, 1],
+        ),
+    },
+    // The address is read through the reference at entry; the free counts only when the pool
+    // says it freed the block (returns true).
+    ProbeDef {
+        id: ProbeId::MsFreeTensorMem,
+        symbol: MS_FREE_TENSOR_MEM,
+        home: Home::Library(MINDSPORE_POOL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES, 1, 8, 0),
+    },
 ];
 
 /// What an ATB probe captures.
@@ -683,6 +716,8 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
             launch_args(p.id).is_none()
                 // The Python holds belong to whatever object has the interpreter.
                 && !matches!(p.id, ProbeId::PyFinalize | ProbeId::PyExit)
+                // MindSpore's pool says once for both functions (attach.rs).
+                && !matches!(p.id, ProbeId::MsAllocTensorMem | ProbeId::MsFreeTensorMem)
                 && !matches!(
                     atb_part(p.id),
                     Some(AtbPart::KernelDir | AtbPart::KernelTensors { .. })
