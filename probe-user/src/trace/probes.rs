@@ -643,16 +643,14 @@ pub const PROBES: [ProbeDef; 47] = [
     },
     // MindSpore's pool (C++: NESTED, so the return is seen at the return instructions and an
     // exception may unwind through). The size is already the pool's aligned block size; the
-    // block's address is the return value. `this` names the pool. Dated at its return: the
-    // driver memory it mapped on the way is then in the pool's total.
+    // block's address is the return value. `this` names the pool. Dated at its return (a
+    // NESTED call reads both ends' times): the driver memory it mapped on the way is then in
+    // the pool's total.
     ProbeDef {
         id: ProbeId::MsAllocTensorMem,
         symbol: MS_ALLOC_TENSOR_MEM,
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
-        spec: keeping(
-            spec(sf::WANTS_RETURN | sf::NESTED | sf::TIME_AT_RETURN, 0, 0, 0),
-            &[0, 1],
-        ),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::NESTED, 0, 0, 0), &[0, 1]),
     },
     // The address is read through the reference at entry; the free counts only when the pool
     // says it freed the block (returns true).
