@@ -243,11 +243,15 @@ fn check(run: &Run, what: &str, mode: Mode) {
             ctx(&format!("size of {a:?}"))
         );
         assert_eq!(r.attr["used"], used(&a), "{}", ctx(&format!("used {a:?}")));
-        assert_eq!(
-            r.attr["total"],
-            total(&a),
+        // With VMM, MindSpore maps physical memory behind a block after AllocTensorMem
+        // returned it (seen: the halMemCreate 80 us after the return), so the driver memory at
+        // the block's row may not have grown yet; it has by the next FREE and step end.
+        let row_total: u64 = r.attr["total"].parse().unwrap();
+        let want: u64 = total(&a).parse().unwrap();
+        assert!(
+            row_total == want || (mode.vmm && row_total < want),
             "{}",
-            ctx(&format!("total {a:?}"))
+            ctx(&format!("total {row_total} of {a:?}"))
         );
     }
     // Every tensor the script dropped is a MINDSPORE FREE row with the totals after it.
