@@ -329,6 +329,26 @@ fn check(run: &Run, what: &str, mode: Mode) {
         );
     }
 
+    // With VMM every pool block lies in a range the runtime reserved (aclrtReserveMemAddress,
+    // the simulated CANN's part of the address space from 0x600000000000), which its row
+    // names; without VMM none does. MindSpore reserves its range once, at device init: a
+    // `--pid` run, attached after that, cannot know it and names none.
+    for &i in ms.iter().filter(|&&i| rows[i].event == "MALLOC") {
+        let r = &rows[i];
+        match r.attr.get("vmm_range") {
+            Some(range) if mode.vmm => {
+                let start = hex(range);
+                assert!(
+                    start >= 0x6000_0000_0000 && start <= r.addr(),
+                    "{}",
+                    ctx(&format!("range of {r:?}"))
+                );
+            }
+            None if !mode.vmm || mode.attach => {}
+            _ => panic!("{}", ctx(&format!("vmm_range of {r:?}"))),
+        }
+    }
+
     // The operators the script ran, in order.
     for op in ["aclnnAdd", "aclnnMul"] {
         let rows_ops = rows

@@ -133,6 +133,27 @@ pub enum Call {
         addr: u64,
         freed: bool,
     },
+    /// `aclrtReserveMemAddress`: `addr` when it could be read back.
+    VmmReserve {
+        addr: Option<u64>,
+        size: u64,
+        ret: i32,
+    },
+    VmmRelease {
+        addr: u64,
+        ret: i32,
+    },
+    /// `aclrtMapMem`: the physical `handle` (a `halMemCreate` handle) mapped at `addr`.
+    VmmMap {
+        addr: u64,
+        size: u64,
+        handle: u64,
+        ret: i32,
+    },
+    VmmUnmap {
+        addr: u64,
+        ret: i32,
+    },
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
     OpLaunch {
         op: u32,

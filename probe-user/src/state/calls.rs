@@ -285,6 +285,23 @@ impl ProcessState {
                     ));
                 }
             }
+            Call::VmmReserve {
+                addr: Some(addr),
+                size,
+                ret: 0,
+            } => self.vmm_reserved(*addr, *size),
+            Call::VmmRelease { addr, ret: 0 } => self.vmm_released(*addr),
+            Call::VmmMap {
+                addr,
+                size,
+                handle,
+                ret: 0,
+            } => self.vmm_mapped(*addr, *size, *handle),
+            Call::VmmUnmap { addr, ret: 0 } => self.vmm_unmapped(*addr),
+            Call::VmmReserve { .. }
+            | Call::VmmRelease { .. }
+            | Call::VmmMap { .. }
+            | Call::VmmUnmap { .. } => {}
             Call::MsPoolAlloc { size, addr, .. } => {
                 let device = self.pool_device(ev.tid);
                 if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size) {

@@ -5,7 +5,7 @@
 //! its changes (`calls`), devices and `DeviceKey` (`devices`), ATen/ATB operators (`ops`),
 //! decompose owners (`owners`), framework pool regions (`pools`), the rows and `Row` itself
 //! (`rows`: the row is defined where it is built; `output` only writes it), mstx steps
-//! (`steps`).
+//! (`steps`), reserved and mapped device ranges (`vmm`).
 //!
 //! Uses `events`, `trace` (probe ids, op names), `settings`, `digits`, and the
 //! online analyzers of `analysis` it feeds as each call is applied (decompose, inefficient,
@@ -22,6 +22,7 @@ mod rows;
 mod steps;
 #[cfg(test)]
 mod tests;
+mod vmm;
 
 pub use devices::DeviceKey;
 pub use exit::{ExitMemory, PoolHeld, PoolSegments, TensorLeak};
@@ -201,6 +202,8 @@ pub struct ProcessState {
     /// Blocks left out by `--device`, so their frees are left out too.
     filtered_addrs: std::collections::HashSet<u64>,
     pools: Pools,
+    /// Reserved device ranges and the physical handles mapped into them.
+    vmm: vmm::Vmm,
     /// MindSpore's pool, from its own functions (no mstx).
     ms_pools: crate::events::mindspore::MindSporePools,
     pool_blocks: HashMap<(PoolKind, u64), Block>,

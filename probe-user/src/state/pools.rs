@@ -74,6 +74,12 @@ impl ProcessState {
                 row.attr.push_str(",owner:");
                 row.attr.push_str(&block.owner());
             }
+            if opts.row_attrs
+                && let Some(range) = self.vmm_attr(c.addr)
+            {
+                row.attr.push(',');
+                row.attr.push_str(&range);
+            }
             rows.push(row);
         }
     }

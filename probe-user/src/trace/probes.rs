@@ -63,6 +63,12 @@ pub enum ProbeId {
     /// `AbstractDynamicMemPool::AllocTensorMem` and `DoFreeTensorMem`, one call per tensor block.
     MsAllocTensorMem = 46,
     MsFreeTensorMem = 47,
+    /// Virtual memory management of the runtime (MindSpore's pool, torch_npu's expandable
+    /// segments): a range of device addresses reserved, physical handles mapped into it.
+    AclrtReserveMemAddress = 48,
+    AclrtReleaseMemAddress = 49,
+    AclrtMapMem = 50,
+    AclrtUnmapMem = 51,
 }
 
 impl ProbeId {
@@ -325,7 +331,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 47] = [
+pub const PROBES: [ProbeDef; 51] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -660,6 +666,36 @@ pub const PROBES: [ProbeDef; 47] = [
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
         spec: spec(sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES, 1, 8, 0),
     },
+    // aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment,
+    // void *expectPtr, uint64_t flags): *virPtr is read at return.
+    ProbeDef {
+        id: ProbeId::AclrtReserveMemAddress,
+        symbol: "aclrtReserveMemAddress",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::DEREF_AT_RETURN, 0, 0, 0), &[1]),
+    },
+    // aclError aclrtReleaseMemAddress(void *virPtr)
+    ProbeDef {
+        id: ProbeId::AclrtReleaseMemAddress,
+        symbol: "aclrtReleaseMemAddress",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
+    },
+    // aclError aclrtMapMem(void *virPtr, size_t size, size_t offset,
+    // aclrtDrvMemHandle handle, uint64_t flags)
+    ProbeDef {
+        id: ProbeId::AclrtMapMem,
+        symbol: "aclrtMapMem",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0, 1, 3]),
+    },
+    // aclError aclrtUnmapMem(void *virPtr)
+    ProbeDef {
+        id: ProbeId::AclrtUnmapMem,
+        symbol: "aclrtUnmapMem",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
+    },
 ];
 
 /// What an ATB probe captures.
@@ -716,6 +752,14 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
                 && !matches!(p.id, ProbeId::PyFinalize | ProbeId::PyExit)
                 // MindSpore's pool says once for both functions (attach.rs).
                 && !matches!(p.id, ProbeId::MsAllocTensorMem | ProbeId::MsFreeTensorMem)
+                // Older runtimes have no virtual memory management.
+                && !matches!(
+                    p.id,
+                    ProbeId::AclrtReserveMemAddress
+                        | ProbeId::AclrtReleaseMemAddress
+                        | ProbeId::AclrtMapMem
+                        | ProbeId::AclrtUnmapMem
+                )
                 && !matches!(
                     atb_part(p.id),
                     Some(AtbPart::KernelDir | AtbPart::KernelTensors { .. })

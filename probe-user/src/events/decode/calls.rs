@@ -167,6 +167,37 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 Err(why) => (Call::PtaNotUsage(why), raw.ts_ns),
             }
         }
+        ProbeId::AclrtReserveMemAddress => (
+            Call::VmmReserve {
+                addr: deref,
+                size: raw.args[1],
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::AclrtReleaseMemAddress => (
+            Call::VmmRelease {
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::AclrtMapMem => (
+            Call::VmmMap {
+                addr: raw.args[0],
+                size: raw.args[1],
+                handle: raw.args[3],
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::AclrtUnmapMem => (
+            Call::VmmUnmap {
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
         ProbeId::MsAllocTensorMem => (
             Call::MsPoolAlloc {
                 pool: raw.args[0],
