@@ -458,3 +458,34 @@ fn real_mindspore_attach_no_vmm() {
         },
     );
 }
+
+/// A release whose pool library does not export the pool's functions: one warning, and the
+/// run goes on (no MINDSPORE rows, the driver's as before). A small object with no such
+/// function stands in for it under the pool library's name.
+#[test]
+fn mindspore_pool_without_its_functions_is_one_warning() {
+    if !require_root("mindspore_pool_without_its_functions_is_one_warning") {
+        return;
+    }
+    let dir = scratch("mindspore-pool-stripped");
+    let lib = dir.join("libmindspore_memory_pool.so");
+    fs::copy(fixtures().join("lib/libplugin.so"), &lib).unwrap();
+    let out = run_tracer(&[
+        "-o",
+        dir.join("out").to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        &format!(
+            "import ctypes; ctypes.CDLL({lib:?}); ctypes.CDLL({lib:?})",
+            lib = lib.display().to_string()
+        ),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("MindSpore's pool functions"))
+        .count();
+    assert_eq!(warnings, 1, "{stderr}");
+}
