@@ -31,6 +31,8 @@ struct Mode {
     /// `launch_blocking()`: operators (and their outputs' allocations) in the script's thread,
     /// so every block has the script's Python line.
     blocking: bool,
+    /// The script ends with `os._exit(0)`: the pool still holds its memory at the end.
+    exit_now: bool,
 }
 
 struct Run {
@@ -78,6 +80,9 @@ fn script_args(log: &Path, mode: Mode) -> Vec<String> {
     }
     if mode.blocking {
         a.push("--blocking".into());
+    }
+    if mode.exit_now {
+        a.push("--exit-now".into());
     }
     a
 }
@@ -419,6 +424,7 @@ fn real_mindspore_launch_vmm() {
             attach: false,
             vmm: true,
             blocking: false,
+            exit_now: false,
         },
     );
 }
@@ -431,6 +437,7 @@ fn real_mindspore_launch_no_vmm_with_lines() {
             attach: false,
             vmm: false,
             blocking: true,
+            exit_now: false,
         },
     );
 }
@@ -443,6 +450,7 @@ fn real_mindspore_attach_vmm_with_lines() {
             attach: true,
             vmm: true,
             blocking: true,
+            exit_now: false,
         },
     );
 }
@@ -455,6 +463,7 @@ fn real_mindspore_attach_no_vmm() {
             attach: true,
             vmm: false,
             blocking: false,
+            exit_now: false,
         },
     );
 }
@@ -488,4 +497,63 @@ fn mindspore_pool_without_its_functions_is_one_warning() {
         .filter(|l| l.contains("MindSpore's pool functions"))
         .count();
     assert_eq!(warnings, 1, "{stderr}");
+}
+
+/// With VMM, the physical memory MindSpore mapped behind its blocks is the pool's, cached: at
+/// an abrupt end (`os._exit`, the pool still holding everything) the leak report calls none of
+/// it leaked driver memory, counts it all as the pool's segments (memory_reserved()), and names
+/// the tensors still live (memory_allocated()).
+#[test]
+fn real_mindspore_vmm_memory_is_the_pools() {
+    let test = "real_mindspore_vmm_memory_is_the_pools";
+    let Some(venv) = mindspore_venv(test) else {
+        return;
+    };
+    let dir = scratch(test);
+    let mode = Mode {
+        attach: false,
+        vmm: true,
+        blocking: false,
+        exit_now: true,
+    };
+    let run = run(&venv, &dir, mode);
+    let end = &log_lines(&run.log, "END")[0];
+    let ctx = |msg: &str| format!("{msg}\n--- log:\n{}\n--- tracer:\n{}", run.log, run.stderr);
+    assert!(
+        run.stderr
+            .contains("0 driver block(s) no pool owns leaked, 0 bytes"),
+        "{}",
+        ctx("driver memory called leaked")
+    );
+    let pool = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("MINDSPORE pool on device 0 at exit"))
+        .unwrap_or_else(|| panic!("{}", ctx("no MINDSPORE pool line")));
+    assert!(
+        pool.contains(&format!(
+            "segment(s) of driver memory, {}",
+            human(num(end, "reserved"))
+        )),
+        "{}",
+        ctx(pool)
+    );
+    // The kept tensors and the READY tensor.
+    let live = log_lines(&run.log, "LEAK").len() + 1;
+    assert!(
+        pool.contains(&format!(
+            "{} in {live} live block(s)",
+            human(num(end, "allocated"))
+        )),
+        "{}",
+        ctx(pool)
+    );
+}
+
+/// `30.00 MiB (31457280 bytes)`, as the tracer writes sizes.
+fn human(bytes: u64) -> String {
+    format!(
+        "{:.2} MiB ({bytes} bytes)",
+        bytes as f64 / (1u64 << 20) as f64
+    )
 }

@@ -151,8 +151,8 @@ impl ProcessState {
     /// A pool put a region at `addr`: the driver block holding it is the pool's segment.
     /// Regions land in few segments, so the sorted list answers most calls; a new segment
     /// costs one pass over the live driver blocks.
-    pub(super) fn note_pool_segment(&mut self, pool: PoolKind, addr: u64) {
-        if self.note_mapped_segment(pool, addr) {
+    pub(super) fn note_pool_segment(&mut self, pool: PoolKind, addr: u64, size: u64) {
+        if self.note_mapped_segments(pool, addr, size) {
             return;
         }
         let live = &self.live;

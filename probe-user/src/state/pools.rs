@@ -23,7 +23,7 @@ impl ProcessState {
             self.gaps.on_update(c.pool, c.device, c.allocated);
         }
         self.note_pool_totals(c);
-        self.note_pool_segment(c.pool, c.addr);
+        self.note_pool_segment(c.pool, c.addr, c.size);
         self.stats.pool_mallocs += 1;
         let mut block = self.new_block(
             c.addr,

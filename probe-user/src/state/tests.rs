@@ -1231,4 +1231,43 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
         m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
         [0x88]
     );
+    // A block over two mappings (its start in the first): both handles are the pool's,
+    // whether mapped before or after the block was handed out.
+    for map_first in [false, true] {
+        let mut p = ProcessState::new(100);
+        p.apply(&ev(1, create(0x77)), 1, &o, None);
+        p.apply(&ev(1, create(0x78)), 2, &o, None);
+        let reserve = Call::VmmReserve {
+            addr: Some(RANGE),
+            size: 1 << 30,
+            ret: 0,
+        };
+        p.apply(&ev(1, reserve), 3, &o, None);
+        let map = |p: &mut ProcessState, at: u64, handle: u64| {
+            let m = Call::VmmMap {
+                addr: RANGE + at,
+                size: MIB2,
+                handle,
+                ret: 0,
+            };
+            p.apply(&ev(1, m), 4, &o, None);
+        };
+        if map_first {
+            map(&mut p, 0, 0x77);
+            map(&mut p, MIB2, 0x78);
+        }
+        let alloc = Call::MsPoolAlloc {
+            pool: 0x5555,
+            size: 3 << 20,
+            addr: RANGE + 0x200,
+        };
+        p.apply(&ev(1, alloc), 5, &o, None);
+        if !map_first {
+            map(&mut p, 0, 0x77);
+            map(&mut p, MIB2, 0x78);
+        }
+        let m = p.exit_memory();
+        assert!(m.driver_leaks.is_empty(), "map first: {map_first}");
+        assert_eq!(m.pools[0].segments, 2, "map first: {map_first}");
+    }
 }

@@ -25,10 +25,17 @@ impl Vmm {
         (addr < start + size).then_some((*start, *size))
     }
 
-    /// The handle mapped at `addr`.
-    pub(super) fn handle_at(&self, addr: u64) -> Option<u64> {
-        let (start, (size, handle)) = self.mapped.range(..=addr).next_back()?;
-        (addr < start + size).then_some(*handle)
+    /// The handles mapped over any part of `[addr, addr + size)`.
+    fn handles_over(&self, addr: u64, size: u64) -> Vec<u64> {
+        let end = addr.saturating_add(size.max(1));
+        // The mapping holding `addr`, then every one starting inside the block.
+        let first = self.mapped.range(..=addr).next_back().map(|(s, _)| *s);
+        let from = first.unwrap_or(addr);
+        self.mapped
+            .range(from..end)
+            .filter(|(start, (len, _))| **start < end && *start + *len > addr)
+            .map(|(_, (_, handle))| *handle)
+            .collect()
     }
 }
 
@@ -41,16 +48,17 @@ impl ProcessState {
         self.vmm.reserved.remove(&addr);
     }
 
-    /// A handle mapped at `addr`: it becomes the segment of a pool with blocks there already
-    /// (a pool may map the memory behind a block after handing the block out).
+    /// A handle mapped at `addr`: it becomes the segment of a pool with a block over it
+    /// already (a pool may map the memory behind a block after handing the block out; a big
+    /// block lies over several mappings).
     pub(super) fn vmm_mapped(&mut self, addr: u64, size: u64, handle: u64) {
         self.vmm.mapped.insert(addr, (size, handle));
         let end = addr.saturating_add(size);
         let pool = self
             .pool_blocks
-            .keys()
-            .find(|(_, a)| (addr..end).contains(a))
-            .map(|(pool, _)| *pool);
+            .iter()
+            .find(|((_, a), b)| *a < end && a.saturating_add(b.size) > addr)
+            .map(|((pool, _), _)| *pool);
         if let Some(pool) = pool {
             self.note_handle_segment(pool, handle);
         }
@@ -60,16 +68,15 @@ impl ProcessState {
         self.vmm.mapped.remove(&addr);
     }
 
-    /// For a pool block at `addr`: the handle mapped behind it is the pool's segment. Returns
-    /// false when no mapping holds `addr` (then the block may lie in a `halMemAlloc` block).
-    pub(super) fn note_mapped_segment(&mut self, pool: PoolKind, addr: u64) -> bool {
-        match self.vmm.handle_at(addr) {
-            Some(handle) => {
-                self.note_handle_segment(pool, handle);
-                true
-            }
-            None => false,
+    /// For a pool block at `[addr, addr + size)`: the handles mapped behind it are the pool's
+    /// segments. Returns false when no mapping lies under it (then the block may lie in a
+    /// `halMemAlloc` block).
+    pub(super) fn note_mapped_segments(&mut self, pool: PoolKind, addr: u64, size: u64) -> bool {
+        let handles = self.vmm.handles_over(addr, size);
+        for handle in &handles {
+            self.note_handle_segment(pool, *handle);
         }
+        !handles.is_empty()
     }
 
     fn note_handle_segment(&mut self, pool: PoolKind, handle: u64) {
@@ -77,9 +84,9 @@ impl ProcessState {
             return;
         };
         debug_assert_eq!(b.kind, BlockKind::Handle);
-        let (start, size) = (b.addr, b.size);
-        self.pool_segments
-            .note(pool, handle, || Some((start, size.max(1))));
+        // A handle is a host pointer, not a device range: the segment is that one address
+        // (handles lie closer together than their sizes).
+        self.pool_segments.note(pool, handle, || Some((handle, 1)));
     }
 
     /// `vmm_range:0xSTART` of the reserved range a pool block lies in, for its row.
