@@ -354,6 +354,36 @@ fn check(run: &Run, what: &str, mode: Mode) {
         }
     }
 
+    // Each aclnnAdd got its workspace (1 MiB, tests/fixtures/cann/cann_opapi.c) as a pool
+    // block of its own made before it, named by its allocation id, and with VMM (launch
+    // mode) in a reserved range.
+    for (i, r) in rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.event_type == "ACLNN_START" && r.name == "aclnnAdd")
+    {
+        assert_eq!(
+            r.attr["workspace_size"],
+            "1048576",
+            "{}",
+            ctx("workspace size")
+        );
+        let ws = hex(&r.attr["workspace_addr"]);
+        let id = r.attr.get("workspace_allocation_id");
+        assert!(
+            ms.iter().any(|&j| j < i
+                && rows[j].event == "MALLOC"
+                && rows[j].addr() == ws
+                && Some(&rows[j].attr["allocation_id"]) == id),
+            "{}",
+            ctx(&format!("workspace block of {r:?}"))
+        );
+        if mode.vmm && !mode.attach {
+            let start = hex(&r.attr["vmm_range"]);
+            assert!(start <= ws, "{}", ctx(&format!("workspace range of {r:?}")));
+        }
+    }
+
     // The operators the script ran, in order.
     for op in ["aclnnAdd", "aclnnMul"] {
         let rows_ops = rows

@@ -262,6 +262,12 @@ impl ProcessState {
                     if let Some(id) = self.workspace_block(*workspace) {
                         attr.push_str(&format!(",workspace_allocation_id:{id}"));
                     }
+                    if *workspace_size > 0
+                        && let Some(range) = self.vmm_attr(*workspace)
+                    {
+                        attr.push(',');
+                        attr.push_str(&range);
+                    }
                     let (pid, tid) = (self.pid, ev.tid);
                     let op_row = |event_type, ts_ns, attr: String| Row {
                         event: "OP_LAUNCH",

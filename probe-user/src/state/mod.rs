@@ -229,7 +229,8 @@ pub struct ProcessState {
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
-    /// The allocation id of the last PTA block (caching or workspace) made at each address.
+    /// The allocation id of the last PTA (caching or workspace) or MindSpore block made at each
+    /// address: where an operator's workspace came from.
     pta_last_at: HashMap<u64, u64>,
     /// torch_npu's report function got something that is not a `MemoryUsage`: the located
     /// function is not what we think, so nothing more is read from it.

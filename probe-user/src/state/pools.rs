@@ -45,7 +45,12 @@ impl ProcessState {
                     .event(block.allocation_id, MemEvent::Malloc);
             }
         }
-        if matches!(c.pool, PoolKind::PtaCaching | PoolKind::PtaWorkspace) {
+        // MindSpore takes each workspace from its pool as a block of its own, and gives it back
+        // before its launch thread runs the operator, as torch_npu may.
+        if matches!(
+            c.pool,
+            PoolKind::PtaCaching | PoolKind::PtaWorkspace | PoolKind::MindSpore
+        ) {
             self.pta_last_at.insert(c.addr, block.allocation_id);
         }
         if c.pool == PoolKind::PtaCaching {
@@ -138,7 +143,8 @@ impl ProcessState {
 }
 
 impl ProcessState {
-    /// The allocation id of the PTA block an operator's workspace lies in: the last one
+    /// The allocation id of the pool block an operator's workspace lies in (PTA's or
+    /// MindSpore's): the last one
     /// allocated at that address (the framework may hand the block back to its pool before a
     /// queued operator runs: stream order keeps that safe), else a live block holding it.
     pub(super) fn workspace_block(&self, addr: u64) -> Option<u64> {
