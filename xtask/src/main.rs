@@ -214,7 +214,9 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
         let venvs = torch_bed::venvs()?;
         test.env(torch_bed::VENVS_ENV, std::env::join_paths(venvs)?);
     }
-    if mindspore_bed::enabled() {
+    // Installed by setup's torch bed step (the simulated CANN is built for both); when it was
+    // skipped, the MindSpore tests say SKIPPED.
+    if mindspore_bed::enabled() && torch_bed::enabled() && mindspore_bed::installed() {
         test.env(mindspore_bed::VENV_ENV, mindspore_bed::venv()?);
     }
     println!("[test] + {}", cmd::describe(&test));
