@@ -690,3 +690,76 @@ fn torch_npu_report_function_is_found_in_both_releases() {
     }
     assert!(seen.contains(&UsageLayout::Original) && seen.contains(&UsageLayout::WithComponent));
 }
+
+/// torch_npu's expandable segments (`PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`) reserve
+/// a range of device addresses and map physical memory into it (the runtime's VMM calls, as
+/// MindSpore's pool does): every tensor's PTA row names the reserved range it lies in, and at an
+/// abrupt end (`--keep-cache`) the mapped memory is the pool's, cached, not leaked driver memory.
+#[test]
+fn real_torch_npu_expandable_segments_lie_in_reserved_ranges() {
+    let Some(venvs) = torch_venvs("real_torch_npu_expandable_segments_lie_in_reserved_ranges")
+    else {
+        return;
+    };
+    let _serial = serial();
+    let venv = &venvs[0];
+    let dir = scratch("real-torch-expandable");
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--analysis=leaks", "--"])
+        .arg(venv.join("bin/python"))
+        .arg(torch_script())
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--keep-cache",
+        ])
+        .envs(cann_env())
+        .env("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:True")
+        .output()
+        .expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let log = fs::read_to_string(&log).unwrap();
+    let rows = rows_of(&out_dir, ready_pid(&log));
+    let ctx = |msg: &str| format!("{msg}\n--- log:\n{log}\n--- tracer:\n{stderr}");
+    let allocs = log_lines(&log, "ALLOC");
+    assert!(!allocs.is_empty());
+    for a in allocs {
+        let ptr = hex(a["ptr"]);
+        let row = rows
+            .iter()
+            .find(|r| r.event == "MALLOC" && r.event_type == "PTA" && r.addr() == ptr)
+            .unwrap_or_else(|| panic!("{}", ctx(&format!("no PTA row for {a:?}"))));
+        let range = row
+            .attr
+            .get("vmm_range")
+            .unwrap_or_else(|| panic!("{}", ctx(&format!("no reserved range for {row:?}"))));
+        assert!(hex(range) <= ptr, "{}", ctx(&format!("{row:?}")));
+    }
+    // Physical memory only (halMemCreate), no halMemAlloc block.
+    assert!(
+        rows.iter().all(|r| r.event_type != "HAL"
+            || r.attr.get("alloc_type").map(String::as_str) != Some("alloc")),
+        "{}",
+        ctx("a halMemAlloc block")
+    );
+    let end = &log_lines(&log, "END")[0];
+    assert!(
+        stderr.contains("0 driver block(s) no pool owns leaked, 0 bytes"),
+        "{}",
+        ctx("mapped memory called leaked")
+    );
+    let reserved: u64 = end["reserved"].parse().unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "segment(s) of driver memory, {:.2} MiB ({reserved} bytes)",
+            reserved as f64 / (1u64 << 20) as f64
+        )),
+        "{}",
+        ctx("the pool's segments are not memory_reserved()")
+    );
+}

@@ -52,7 +52,13 @@ fn needed_bytes(repo: &Path) -> u64 {
     } else {
         0
     };
-    build + bed + matrix
+    // The mindspore venv: ~2.8 GB installed, the 804 MB wheel on the way.
+    let mindspore = if crate::mindspore_bed::enabled() && !crate::mindspore_bed::installed() {
+        4 * GIB
+    } else {
+        0
+    };
+    build + bed + matrix + mindspore
 }
 
 /// Fails with a clear message when the disk cannot hold the run.

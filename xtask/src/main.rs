@@ -17,6 +17,7 @@ mod cmd;
 mod demo;
 mod disk;
 mod fuzz;
+mod mindspore_bed;
 mod setup;
 mod torch_bed;
 
@@ -212,6 +213,11 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     if torch_bed::enabled() {
         let venvs = torch_bed::venvs()?;
         test.env(torch_bed::VENVS_ENV, std::env::join_paths(venvs)?);
+    }
+    // Installed by setup's torch bed step (the simulated CANN is built for both); when it was
+    // skipped, the MindSpore tests say SKIPPED.
+    if mindspore_bed::enabled() && torch_bed::enabled() && mindspore_bed::installed() {
+        test.env(mindspore_bed::VENV_ENV, mindspore_bed::venv()?);
     }
     println!("[test] + {}", cmd::describe(&test));
     let (status, totals) = cmd::cargo_test(&mut test)?;

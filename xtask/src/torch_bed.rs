@@ -157,6 +157,13 @@ pub fn prepare(repo: &Path) -> Result<String> {
         }
         sites.push(site_packages(&dir)?);
     }
+    // MindSpore's Ascend plugin asks the simulated CANN for more names than torch_npu does.
+    let mut mindspore = None;
+    if crate::mindspore_bed::enabled() {
+        let (site, made) = crate::mindspore_bed::install()?;
+        sites.push(site);
+        mindspore = Some(made);
+    }
     let mut make = Command::new("make");
     make.current_dir(repo)
         .args(["-s", "-C", "tests/fixtures", "cann"])
@@ -178,8 +185,16 @@ pub fn prepare(repo: &Path) -> Result<String> {
         }
     }
     let matrix = fetch_matrix(repo)?;
+    let mindspore = match mindspore {
+        Some(made) => format!(
+            "; {}{}",
+            if made { "installed now: " } else { "" },
+            crate::mindspore_bed::check(&repo.join("tests/fixtures/build/cann"))?
+        ),
+        None => "; mindspore bed skipped (MEMSCOPE_MINDSPORE_BED=off)".to_owned(),
+    };
     Ok(format!(
-        "torch_npu {}; {}{}; {matrix}",
+        "torch_npu {}; {}{}; {matrix}{mindspore}",
         RELEASES.map(|r| r.1).join(", "),
         if made.is_empty() {
             "venvs already installed".to_owned()

@@ -2,12 +2,12 @@
 //! memory, which every leak, site and flame graph is attributed to.
 //!
 //! With a Python stack, the site is the innermost Python frame outside the framework's own
-//! packages (torch, torch_npu), the interpreter's standard library and memscope-bpf's helper
+//! packages (torch, torch_npu, mindspore), the interpreter's standard library and memscope-bpf's helper
 //! modules: `train.py:42`. Without one (or when every Python frame is the framework's), it is
 //! the innermost C frame outside the vendor and framework libraries: the driver and runtime
 //! entry points (`hal*`, `acl*`, `rt*`, `mstx*`, `drv*`), frames in the same source file as
-//! such an entry point (their static helpers), and frames from the CANN, torch, torch_npu and
-//! ATB trees or the C/C++ runtime.
+//! such an entry point (their static helpers), and frames from the CANN, torch, torch_npu,
+//! MindSpore and ATB trees or the C/C++ runtime.
 //!
 //! Allocator wrappers are passed too, as pprof's `-drop_frames` and memray's allocator
 //! filtering do: a frame whose function name contains `alloc` (any case), or matches a
@@ -101,11 +101,12 @@ pub fn parse_py_frame(line: &str) -> Option<PyFrame<'_>> {
 }
 
 const VENDOR_PREFIXES: [&str; 6] = ["hal", "acl", "rt", "mstx", "drv", "Mki::"];
-const VENDOR_PATHS: [&str; 10] = [
+const VENDOR_PATHS: [&str; 11] = [
     "/Ascend/",
     "/ascend-toolkit/",
     "/site-packages/torch/",
     "/site-packages/torch_npu/",
+    "/site-packages/mindspore/",
     "torch_npu/csrc/",
     "c10/",
     "/atb/",
@@ -113,8 +114,9 @@ const VENDOR_PATHS: [&str; 10] = [
     "glibc",
     "/libc",
 ];
-const VENDOR_MODULES: [&str; 9] = [
+const VENDOR_MODULES: [&str; 10] = [
     "libascend",
+    "libmindspore",
     "libacl",
     "libruntime",
     "libms_tools_ext",
@@ -125,11 +127,13 @@ const VENDOR_MODULES: [&str; 9] = [
     "libstdc++",
 ];
 /// Python packages of the framework itself (and memscope-bpf's helpers the program imports).
-const FRAMEWORK_PY_PATHS: [&str; 6] = [
+const FRAMEWORK_PY_PATHS: [&str; 8] = [
     "/site-packages/torch/",
     "/site-packages/torch_npu/",
+    "/site-packages/mindspore/",
     "/dist-packages/torch/",
     "/dist-packages/torch_npu/",
+    "/dist-packages/mindspore/",
     "/memscope_steps.py",
     "/memscope_labels.py",
 ];

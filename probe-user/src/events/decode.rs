@@ -119,6 +119,41 @@ pub enum Call {
     PtaUsage(crate::trace::torch_npu::MemoryUsage),
     /// What the located report function received is not a `MemoryUsage`: why.
     PtaNotUsage(String),
+    /// MindSpore's pool handed out a tensor block (`AllocTensorMem`): `pool` is the pool
+    /// object, `addr` 0 when it failed.
+    MsPoolAlloc {
+        pool: u64,
+        size: u64,
+        addr: u64,
+    },
+    /// MindSpore's pool was asked to free the block at `addr` (`DoFreeTensorMem`); `freed`:
+    /// it said it did.
+    MsPoolFree {
+        pool: u64,
+        addr: u64,
+        freed: bool,
+    },
+    /// `aclrtReserveMemAddress`: `addr` when it could be read back.
+    VmmReserve {
+        addr: Option<u64>,
+        size: u64,
+        ret: i32,
+    },
+    VmmRelease {
+        addr: u64,
+        ret: i32,
+    },
+    /// `aclrtMapMem`: the physical `handle` (a `halMemCreate` handle) mapped at `addr`.
+    VmmMap {
+        addr: u64,
+        size: u64,
+        handle: u64,
+        ret: i32,
+    },
+    VmmUnmap {
+        addr: u64,
+        ret: i32,
+    },
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
     OpLaunch {
         op: u32,

@@ -1,6 +1,6 @@
 //! Stage 2, interpreting what BPF sent: ring-buffer records decoded into calls ([`decode`]),
 //! and the vendor meaning of those calls: HAL flags and devices ([`hal`]), ATB operator packs
-//! ([`atb`]), framework pools ([`pools`]), decompose labels ([`labels`]), kernel names
+//! ([`atb`]), framework pools ([`pools`]; MindSpore's seen from outside, [`mindspore`]), decompose labels ([`labels`]), kernel names
 //! ([`kernels`]), C stacks ([`stacks`], resolved off the hot path) and Python stacks
 //! ([`pystacks`], read from outside the process).
 //!
@@ -12,6 +12,7 @@ pub mod decode;
 pub mod hal;
 pub mod kernels;
 pub mod labels;
+pub mod mindspore;
 pub mod pools;
 pub mod pystacks;
 pub mod stacks;

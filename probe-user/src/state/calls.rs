@@ -262,6 +262,12 @@ impl ProcessState {
                     if let Some(id) = self.workspace_block(*workspace) {
                         attr.push_str(&format!(",workspace_allocation_id:{id}"));
                     }
+                    if *workspace_size > 0
+                        && let Some(range) = self.vmm_attr(*workspace)
+                    {
+                        attr.push(',');
+                        attr.push_str(&range);
+                    }
                     let (pid, tid) = (self.pid, ev.tid);
                     let op_row = |event_type, ts_ns, attr: String| Row {
                         event: "OP_LAUNCH",
@@ -283,6 +289,36 @@ impl ProcessState {
                         ts_ns.saturating_add(*duration_ns),
                         format!("ret:{ret}"),
                     ));
+                }
+            }
+            Call::VmmReserve {
+                addr: Some(addr),
+                size,
+                ret: 0,
+            } => self.vmm_reserved(*addr, *size),
+            Call::VmmRelease { addr, ret: 0 } => self.vmm_released(*addr),
+            Call::VmmMap {
+                addr,
+                size,
+                handle,
+                ret: 0,
+            } => self.vmm_mapped(*addr, *size, *handle),
+            Call::VmmUnmap { addr, ret: 0 } => self.vmm_unmapped(*addr),
+            Call::VmmReserve { .. }
+            | Call::VmmRelease { .. }
+            | Call::VmmMap { .. }
+            | Call::VmmUnmap { .. } => {}
+            Call::MsPoolAlloc { size, addr, .. } => {
+                let device = self.pool_device(ev.tid);
+                if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size) {
+                    change.reserved = self.driver_bytes(device);
+                    self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
+                }
+            }
+            Call::MsPoolFree { addr, freed, .. } => {
+                if let Some(mut change) = self.ms_pools.free(*addr, *freed) {
+                    change.reserved = self.driver_bytes(change.device);
+                    self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);
                 }
             }
             Call::PtaNotUsage(why) => {

@@ -66,3 +66,21 @@ impl ProcessState {
         }
     }
 }
+
+impl ProcessState {
+    /// The device of a framework pool call that names none: the thread's current device, else
+    /// the lowest device any thread of the process set (MindSpore allocates from its own
+    /// threads, which may never call aclrtSetDevice), else 0.
+    pub(super) fn pool_device(&self, tid: u32) -> u32 {
+        self.thread_device
+            .get(&tid)
+            .or_else(|| self.thread_device.values().min())
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The driver memory the process holds on `device` (HAL blocks and physical handles).
+    pub(super) fn driver_bytes(&self, device: u32) -> u64 {
+        self.used.get(&device).copied().unwrap_or(0)
+    }
+}

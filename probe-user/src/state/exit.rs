@@ -151,7 +151,10 @@ impl ProcessState {
     /// A pool put a region at `addr`: the driver block holding it is the pool's segment.
     /// Regions land in few segments, so the sorted list answers most calls; a new segment
     /// costs one pass over the live driver blocks.
-    pub(super) fn note_pool_segment(&mut self, pool: PoolKind, addr: u64) {
+    pub(super) fn note_pool_segment(&mut self, pool: PoolKind, addr: u64, size: u64) {
+        if self.note_mapped_segments(pool, addr, size) {
+            return;
+        }
         let live = &self.live;
         // Built at the first region, then kept by `insert_block` and `forget_pool_segment`: a
         // region outside every segment (a pool on memory the driver API did not give, or
@@ -171,7 +174,8 @@ impl ProcessState {
     /// Whether a live driver block is a framework pool's segment (kept on purpose: never a
     /// leak suspect).
     pub fn is_pool_segment(&self, b: &Block) -> bool {
-        b.kind == BlockKind::Device && self.pool_segments.owner(b.addr).is_some()
+        matches!(b.kind, BlockKind::Device | BlockKind::Handle)
+            && self.pool_segments.owner(b.addr).is_some()
     }
 
     /// A driver block at `addr` was freed: it is no pool's segment any more.
@@ -223,7 +227,7 @@ impl ExitMemory {
         let mut out = ExitMemory::default();
         let mut held: Vec<PoolHeld> = Vec::new();
         for b in live_driver {
-            let owner = (b.kind == BlockKind::Device)
+            let owner = matches!(b.kind, BlockKind::Device | BlockKind::Handle)
                 .then(|| segments.owner(b.addr))
                 .flatten();
             match owner {

@@ -5,7 +5,7 @@
 //! its changes (`calls`), devices and `DeviceKey` (`devices`), ATen/ATB operators (`ops`),
 //! decompose owners (`owners`), framework pool regions (`pools`), the rows and `Row` itself
 //! (`rows`: the row is defined where it is built; `output` only writes it), mstx steps
-//! (`steps`).
+//! (`steps`), reserved and mapped device ranges (`vmm`).
 //!
 //! Uses `events`, `trace` (probe ids, op names), `settings`, `digits`, and the
 //! online analyzers of `analysis` it feeds as each call is applied (decompose, inefficient,
@@ -22,6 +22,7 @@ mod rows;
 mod steps;
 #[cfg(test)]
 mod tests;
+mod vmm;
 
 pub use devices::DeviceKey;
 pub use exit::{ExitMemory, PoolHeld, PoolSegments, TensorLeak};
@@ -201,6 +202,10 @@ pub struct ProcessState {
     /// Blocks left out by `--device`, so their frees are left out too.
     filtered_addrs: std::collections::HashSet<u64>,
     pools: Pools,
+    /// Reserved device ranges and the physical handles mapped into them.
+    vmm: vmm::Vmm,
+    /// MindSpore's pool, from its own functions (no mstx).
+    ms_pools: crate::events::mindspore::MindSporePools,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
     /// The pool blocks the step analysis found outliving a later step, with their stacks,
@@ -224,7 +229,8 @@ pub struct ProcessState {
     /// Start address -> key of the live PTA caching blocks (accesses find theirs by
     /// containment).
     pta_by_addr: std::collections::BTreeMap<u64, u64>,
-    /// The allocation id of the last PTA block (caching or workspace) made at each address.
+    /// The allocation id of the last PTA (caching or workspace) or MindSpore block made at each
+    /// address: where an operator's workspace came from.
     pta_last_at: HashMap<u64, u64>,
     /// torch_npu's report function got something that is not a `MemoryUsage`: the located
     /// function is not what we think, so nothing more is read from it.

@@ -23,7 +23,7 @@ impl ProcessState {
             self.gaps.on_update(c.pool, c.device, c.allocated);
         }
         self.note_pool_totals(c);
-        self.note_pool_segment(c.pool, c.addr);
+        self.note_pool_segment(c.pool, c.addr, c.size);
         self.stats.pool_mallocs += 1;
         let mut block = self.new_block(
             c.addr,
@@ -45,7 +45,12 @@ impl ProcessState {
                     .event(block.allocation_id, MemEvent::Malloc);
             }
         }
-        if matches!(c.pool, PoolKind::PtaCaching | PoolKind::PtaWorkspace) {
+        // MindSpore takes each workspace from its pool as a block of its own, and gives it back
+        // before its launch thread runs the operator, as torch_npu may.
+        if matches!(
+            c.pool,
+            PoolKind::PtaCaching | PoolKind::PtaWorkspace | PoolKind::MindSpore
+        ) {
             self.pta_last_at.insert(c.addr, block.allocation_id);
         }
         if c.pool == PoolKind::PtaCaching {
@@ -73,6 +78,12 @@ impl ProcessState {
             if opts.decompose && opts.row_attrs {
                 row.attr.push_str(",owner:");
                 row.attr.push_str(&block.owner());
+            }
+            if opts.row_attrs
+                && let Some(range) = self.vmm_attr(c.addr)
+            {
+                row.attr.push(',');
+                row.attr.push_str(&range);
             }
             rows.push(row);
         }
@@ -132,7 +143,8 @@ impl ProcessState {
 }
 
 impl ProcessState {
-    /// The allocation id of the PTA block an operator's workspace lies in: the last one
+    /// The allocation id of the pool block an operator's workspace lies in (PTA's or
+    /// MindSpore's): the last one
     /// allocated at that address (the framework may hand the block back to its pool before a
     /// queued operator runs: stream order keeps that safe), else a live block holding it.
     pub(super) fn workspace_block(&self, addr: u64) -> Option<u64> {

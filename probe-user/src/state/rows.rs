@@ -71,7 +71,7 @@ impl ProcessState {
     ) {
         let used = self.used.entry(block.device).or_default();
         *used = used.saturating_sub(block.size);
-        if block.kind == BlockKind::Device {
+        if matches!(block.kind, BlockKind::Device | BlockKind::Handle) {
             self.forget_pool_segment(block.addr);
         }
         if opts.decompose {

@@ -1124,3 +1124,150 @@ fn a_pools_segments_are_no_leak_and_its_live_regions_are_tensors() {
     );
     assert_eq!(m.pools[0].segments, 0);
 }
+
+#[test]
+fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
+    const MIB2: u64 = 2 << 20;
+    const RANGE: u64 = 0x6000_0000_0000;
+    let o = opts();
+    let create = |handle| Call::HalCreate {
+        size: MIB2,
+        flag: 0,
+        prop: Some(DrvMemProp {
+            side: 1,
+            devid: 0,
+            module_id: 33,
+            pg_type: 1,
+            mem_type: 1,
+        }),
+        ret: 0,
+        handle: Some(handle),
+    };
+    let run = |map: bool| {
+        let mut p = ProcessState::new(100);
+        p.apply(&ev(1, create(0x77)), 1, &o, None);
+        p.apply(&ev(1, create(0x88)), 2, &o, None);
+        let reserve = Call::VmmReserve {
+            addr: Some(RANGE),
+            size: 1 << 30,
+            ret: 0,
+        };
+        p.apply(&ev(1, reserve), 3, &o, None);
+        // MindSpore hands the block out first and maps the memory behind it after.
+        let alloc = Call::MsPoolAlloc {
+            pool: 0x5555,
+            size: 512,
+            addr: RANGE + 0x200,
+        };
+        let rows = p.apply(&ev(1, alloc), 4, &o, None);
+        assert!(
+            rows[0].attr.ends_with(",vmm_range:0x0000600000000000"),
+            "{}",
+            rows[0].attr
+        );
+        assert_eq!(rows[0].event_type, "MINDSPORE");
+        if map {
+            let m = Call::VmmMap {
+                addr: RANGE,
+                size: MIB2,
+                handle: 0x77,
+                ret: 0,
+            };
+            p.apply(&ev(1, m), 5, &o, None);
+        }
+        p
+    };
+    let p = run(true);
+    let m = p.exit_memory();
+    // The mapped handle holds the pool's block: cached, not leaked; the other one is a leak.
+    assert_eq!(
+        m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
+        [0x88]
+    );
+    assert_eq!(m.pools.len(), 1);
+    assert_eq!((m.pools[0].segments, m.pools[0].segment_bytes), (1, MIB2));
+    assert_eq!(
+        m.tensor_leaks
+            .iter()
+            .map(|t| t.block.addr)
+            .collect::<Vec<_>>(),
+        [RANGE + 0x200]
+    );
+    // Without the mapping nothing links the handle to the pool.
+    let m = run(false).exit_memory();
+    assert_eq!(
+        m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
+        [0x77, 0x88]
+    );
+    // Unmapped and released: no segment left behind.
+    let mut p = run(true);
+    p.apply(
+        &ev(
+            1,
+            Call::VmmUnmap {
+                addr: RANGE,
+                ret: 0,
+            },
+        ),
+        6,
+        &o,
+        None,
+    );
+    p.apply(
+        &ev(
+            1,
+            Call::HalRelease {
+                handle: 0x77,
+                ret: 0,
+            },
+        ),
+        7,
+        &o,
+        None,
+    );
+    let m = p.exit_memory();
+    assert_eq!(m.pools[0].segments, 0);
+    assert_eq!(
+        m.driver_leaks.iter().map(|b| b.addr).collect::<Vec<_>>(),
+        [0x88]
+    );
+    // A block over two mappings (its start in the first): both handles are the pool's,
+    // whether mapped before or after the block was handed out.
+    for map_first in [false, true] {
+        let mut p = ProcessState::new(100);
+        p.apply(&ev(1, create(0x77)), 1, &o, None);
+        p.apply(&ev(1, create(0x78)), 2, &o, None);
+        let reserve = Call::VmmReserve {
+            addr: Some(RANGE),
+            size: 1 << 30,
+            ret: 0,
+        };
+        p.apply(&ev(1, reserve), 3, &o, None);
+        let map = |p: &mut ProcessState, at: u64, handle: u64| {
+            let m = Call::VmmMap {
+                addr: RANGE + at,
+                size: MIB2,
+                handle,
+                ret: 0,
+            };
+            p.apply(&ev(1, m), 4, &o, None);
+        };
+        if map_first {
+            map(&mut p, 0, 0x77);
+            map(&mut p, MIB2, 0x78);
+        }
+        let alloc = Call::MsPoolAlloc {
+            pool: 0x5555,
+            size: 3 << 20,
+            addr: RANGE + 0x200,
+        };
+        p.apply(&ev(1, alloc), 5, &o, None);
+        if !map_first {
+            map(&mut p, 0, 0x77);
+            map(&mut p, MIB2, 0x78);
+        }
+        let m = p.exit_memory();
+        assert!(m.driver_leaks.is_empty(), "map first: {map_first}");
+        assert_eq!(m.pools[0].segments, 2, "map first: {map_first}");
+    }
+}

@@ -536,6 +536,16 @@ impl Planner {
             if !belongs || !obj.exports(p.symbol) {
                 continue;
             }
+            // MindSpore's pool: both of its functions or neither (blocks made but never freed
+            // would all look leaked).
+            if matches!(
+                p.id,
+                probes::ProbeId::MsAllocTensorMem | probes::ProbeId::MsFreeTensorMem
+            ) && !(obj.exports(probes::MS_ALLOC_TENSOR_MEM)
+                && obj.exports(probes::MS_FREE_TENSOR_MEM))
+            {
+                continue;
+            }
             let Some(sym) = obj.function(p.symbol) else {
                 continue;
             };
@@ -608,6 +618,16 @@ impl Planner {
             && let Some(symbol) = self.attach_torch_npu(bpf, host, shown, FileId::of(&meta))
         {
             symbols.push(symbol);
+        }
+        if probes::library_matches(&file_name, probes::MINDSPORE_POOL_LIBRARY)
+            && !symbols.contains(&probes::MS_ALLOC_TENSOR_MEM)
+        {
+            self.warn_once(format!(
+                "{}: MindSpore's pool functions (AbstractDynamicMemPool::AllocTensorMem and \
+                 DoFreeTensorMem) are not both exported by this release: its tensor blocks are \
+                 not traced (no MINDSPORE rows; the driver's rows are)",
+                shown.display()
+            ));
         }
         if is_known {
             for p in probes::expected_in(&file_name) {

@@ -59,6 +59,16 @@ pub enum ProbeId {
     /// Every `aclnnX(workspace, workspaceSize, executor, stream)` of the op libraries
     /// (`aclnn.rs`); the function is the cookie's upper bits.
     AclnnOp = 45,
+    /// MindSpore's device memory pool (`libmindspore_memory_pool.so`, exported and unstripped):
+    /// `AbstractDynamicMemPool::AllocTensorMem` and `DoFreeTensorMem`, one call per tensor block.
+    MsAllocTensorMem = 46,
+    MsFreeTensorMem = 47,
+    /// Virtual memory management of the runtime (MindSpore's pool, torch_npu's expandable
+    /// segments): a range of device addresses reserved, physical handles mapped into it.
+    AclrtReserveMemAddress = 48,
+    AclrtReleaseMemAddress = 49,
+    AclrtMapMem = 50,
+    AclrtUnmapMem = 51,
 }
 
 impl ProbeId {
@@ -103,6 +113,14 @@ pub const RUNTIME_LIBRARY: &str = "libruntime.so";
 pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
 pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
 pub const ATB_LIBRARY: &str = "libatb.so";
+pub const MINDSPORE_POOL_LIBRARY: &str = "libmindspore_memory_pool.so";
+/// `void *AbstractDynamicMemPool::AllocTensorMem(size_t size, bool from_persistent_mem,
+/// bool need_recycle, uint32_t stream_id)`.
+pub const MS_ALLOC_TENSOR_MEM: &str =
+    "_ZN9mindspore6device22AbstractDynamicMemPool14AllocTensorMemEmbbj";
+/// `bool AbstractDynamicMemPool::DoFreeTensorMem(void *const &device_addr)`.
+pub const MS_FREE_TENSOR_MEM: &str =
+    "_ZN9mindspore6device22AbstractDynamicMemPool15DoFreeTensorMemERKPv";
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
@@ -230,43 +248,7 @@ const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDe
     }
 }
 
-/// ATB layout (spec §1.8 names the functions, not the objects; these are the offsets of the
-/// simulated libatb.so, tests/fixtures/include/atb.h, built with the C++11 string ABI).
-pub mod atb {
-    /// `atb::Tensor`: dtype (i32) at 0, format (i32) at 4, dims (8 x i64) at 8, dimNum at 72,
-    /// deviceData at 80, dataSize at 96.
-    pub const TENSOR_SIZE: u32 = 104;
-    pub const TENSOR_DIMS: usize = 8;
-    pub const TENSOR_DIM_NUM: usize = 72;
-    pub const TENSOR_DEVICE_DATA: usize = 80;
-    pub const TENSOR_DATA_SIZE: usize = 96;
-    /// Tensors per CHUNK event (2 x 104 bytes).
-    pub const TENSORS_PER_CHUNK: u32 = 2;
-    /// `SVector<T>`: data pointer at 0, element count at 8.
-    pub const SVECTOR_DATA: u32 = 0;
-    pub const SVECTOR_SIZE: u32 = 8;
-    /// `RunnerVariantPack`: inTensors at 0, outTensors at 24, workspaceBuffer at 64,
-    /// workspaceBufferSize at 72, intermediateBufferSize at 88; 104 bytes are copied.
-    pub const PACK_IN: u32 = 0;
-    pub const PACK_OUT: u32 = 24;
-    pub const PACK_WORKSPACE: usize = 64;
-    pub const PACK_WORKSPACE_SIZE: usize = 72;
-    pub const PACK_INTERMEDIATE_SIZE: usize = 88;
-    pub const PACK_COPY: u32 = 104;
-    /// `Runner`: the character pointers of `name_` (at 8) and `saveTensorDir_` (at 40). The
-    /// first word of a `std::string` points to its characters in both string ABIs.
-    pub const RUNNER_NAME: u32 = 8;
-    pub const RUNNER_DIR: u32 = 40;
-    /// `Mki::LaunchParam`: inTensors at 0, outTensors at 24.
-    pub const PARAM_IN: u32 = 0;
-    pub const PARAM_OUT: u32 = 24;
-    /// Longest name or path read (bytes, with the NUL).
-    pub const STRING_MAX: u32 = 127;
-    pub const EXECUTE: &str = "_ZN3atb6Runner7ExecuteERNS_17RunnerVariantPackE";
-    pub const SAVE_LAUNCH_PARAM_ABI1: &str = "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
-    pub const SAVE_LAUNCH_PARAM_ABI0: &str =
-        "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKSs";
-}
+pub mod atb;
 
 /// A string reached through a pointer at `ptr_off` of the struct argument `arg`.
 const fn string_field(arg: u32, ptr_off: u32) -> ProbeSpec {
@@ -313,7 +295,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 45] = [
+pub const PROBES: [ProbeDef; 51] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -629,6 +611,55 @@ pub const PROBES: [ProbeDef; 45] = [
         home: Home::OpApi,
         spec: spec(sf::WANTS_RETURN | sf::DATA_IS_BYTES, 2, 8, 0),
     },
+    // MindSpore's pool (C++: NESTED, so the return is seen at the return instructions and an
+    // exception may unwind through). The size is already the pool's aligned block size; the
+    // block's address is the return value. `this` names the pool. Dated at its return (a
+    // NESTED call reads both ends' times): the driver memory it mapped on the way is then in
+    // the pool's total.
+    ProbeDef {
+        id: ProbeId::MsAllocTensorMem,
+        symbol: MS_ALLOC_TENSOR_MEM,
+        home: Home::Library(MINDSPORE_POOL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::NESTED, 0, 0, 0), &[0, 1]),
+    },
+    // The address is read through the reference at entry; the free counts only when the pool
+    // says it freed the block (returns true).
+    ProbeDef {
+        id: ProbeId::MsFreeTensorMem,
+        symbol: MS_FREE_TENSOR_MEM,
+        home: Home::Library(MINDSPORE_POOL_LIBRARY),
+        spec: spec(sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES, 1, 8, 0),
+    },
+    // aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment,
+    // void *expectPtr, uint64_t flags): *virPtr is read at return.
+    ProbeDef {
+        id: ProbeId::AclrtReserveMemAddress,
+        symbol: "aclrtReserveMemAddress",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::DEREF_AT_RETURN, 0, 0, 0), &[1]),
+    },
+    // aclError aclrtReleaseMemAddress(void *virPtr)
+    ProbeDef {
+        id: ProbeId::AclrtReleaseMemAddress,
+        symbol: "aclrtReleaseMemAddress",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
+    },
+    // aclError aclrtMapMem(void *virPtr, size_t size, size_t offset,
+    // aclrtDrvMemHandle handle, uint64_t flags)
+    ProbeDef {
+        id: ProbeId::AclrtMapMem,
+        symbol: "aclrtMapMem",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0, 1, 3]),
+    },
+    // aclError aclrtUnmapMem(void *virPtr)
+    ProbeDef {
+        id: ProbeId::AclrtUnmapMem,
+        symbol: "aclrtUnmapMem",
+        home: Home::Library(ACL_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
+    },
 ];
 
 /// What an ATB probe captures.
@@ -683,6 +714,16 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
             launch_args(p.id).is_none()
                 // The Python holds belong to whatever object has the interpreter.
                 && !matches!(p.id, ProbeId::PyFinalize | ProbeId::PyExit)
+                // MindSpore's pool says once for both functions (attach.rs).
+                && !matches!(p.id, ProbeId::MsAllocTensorMem | ProbeId::MsFreeTensorMem)
+                // Older runtimes have no virtual memory management.
+                && !matches!(
+                    p.id,
+                    ProbeId::AclrtReserveMemAddress
+                        | ProbeId::AclrtReleaseMemAddress
+                        | ProbeId::AclrtMapMem
+                        | ProbeId::AclrtUnmapMem
+                )
                 && !matches!(
                     atb_part(p.id),
                     Some(AtbPart::KernelDir | AtbPart::KernelTensors { .. })

@@ -167,6 +167,59 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 Err(why) => (Call::PtaNotUsage(why), raw.ts_ns),
             }
         }
+        ProbeId::AclrtReserveMemAddress => (
+            Call::VmmReserve {
+                addr: deref,
+                size: raw.args[1],
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::AclrtReleaseMemAddress => (
+            Call::VmmRelease {
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::AclrtMapMem => (
+            Call::VmmMap {
+                addr: raw.args[0],
+                size: raw.args[1],
+                handle: raw.args[3],
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::AclrtUnmapMem => (
+            Call::VmmUnmap {
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::MsAllocTensorMem => (
+            Call::MsPoolAlloc {
+                pool: raw.args[0],
+                size: raw.args[1],
+                addr: if has_ret { raw.ret } else { 0 },
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::MsFreeTensorMem => {
+            if raw.flags & event_flags::DATA_FAULT != 0 {
+                return None;
+            }
+            (
+                Call::MsPoolFree {
+                    pool: raw.args[0],
+                    addr: u64_at(raw.data(), 0)?,
+                    // A C++ bool: only the low byte of the return register is set.
+                    freed: has_ret && raw.ret & 0xff != 0,
+                },
+                raw.ts_ns,
+            )
+        }
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,

@@ -166,8 +166,51 @@ fn batched_calls_keep_every_argument_decode_reads() {
             def.symbol
         );
     }
-    // halMemAlloc, halMemFree, halMemRelease, aclInit, aclFinalize, aclrtSetDevice.
-    assert_eq!(narrowed, 6);
+    // halMemAlloc, halMemFree, halMemRelease, aclInit, aclFinalize, aclrtSetDevice,
+    // MindSpore's AllocTensorMem and the four VMM calls.
+    assert_eq!(narrowed, 11);
+}
+
+#[test]
+fn mindspore_pool_calls() {
+    let mut r = call_raw(ProbeId::MsAllocTensorMem);
+    r.args = [0x5555_0000, 1_049_088, 0, 0, 0, 0];
+    r.ret = 0x6000_0000_0200;
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!("AllocTensorMem does not decode")
+    };
+    // Dated at its return, after the driver memory it mapped.
+    assert_eq!(c.ts_mono, 200);
+    assert_eq!(
+        c.call,
+        Call::MsPoolAlloc {
+            pool: 0x5555_0000,
+            size: 1_049_088,
+            addr: 0x6000_0000_0200
+        }
+    );
+    let mut f = call_raw(ProbeId::MsFreeTensorMem);
+    f.args = [0x5555_0000, 0x7ffc_0000, 0, 0, 0, 0];
+    f.data_len = 8;
+    f.data[..8].copy_from_slice(&0x6000_0000_0200u64.to_ne_bytes());
+    // A C++ bool: the upper bytes of the return register are whatever was there.
+    for (ret, freed) in [(0x1234_5601, true), (0x1234_5600, false)] {
+        f.ret = ret;
+        let Some(Decoded::Call(c)) = decode(&f) else {
+            panic!("DoFreeTensorMem does not decode")
+        };
+        assert_eq!(
+            c.call,
+            Call::MsPoolFree {
+                pool: 0x5555_0000,
+                addr: 0x6000_0000_0200,
+                freed
+            }
+        );
+    }
+    // The reference could not be read: no free is made up.
+    f.flags |= event_flags::DATA_FAULT;
+    assert!(decode(&f).is_none());
 }
 
 #[test]
