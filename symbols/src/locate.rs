@@ -11,11 +11,13 @@
 //! section (GNU ld merges literals into `.rodata`, mold keeps `.rodata.str1.8` and friends),
 //! code in every executable section, and every address goes through the section table (mold
 //! lays code out 0x1000 away from its file offset). The instruction-level questions go to the
-//! object's instruction set behind [`Isa`] (x86-64 in [`x86_64`]; one module per architecture),
+//! object's instruction set behind [`Isa`] (x86-64 in [`x86_64`], A64 in [`aarch64`]; one module
+//! per architecture),
 //! so the search above it is the same for each. Scans may find a few false candidates, never
 //! miss a real one, so callers confirm each candidate (by function bounds, decoding, counts)
 //! before trusting it.
 
+mod aarch64;
 mod x86_64;
 
 use std::{fs, path::Path};
@@ -113,6 +115,7 @@ impl Image {
     pub fn isa(&self) -> Result<&'static dyn Isa> {
         match self.architecture {
             Architecture::X86_64 => Ok(&x86_64::X86_64),
+            Architecture::Aarch64 => Ok(&aarch64::Aarch64),
             other => bail!("no instruction decoder for {other:?} code yet"),
         }
     }

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""An independent reading of libtorch_npu.so (x86-64): where the allocator's report function
+"""An independent reading of libtorch_npu.so (x86-64 or aarch64): where the allocator's report function
 `reportMemoryDataToNpuProfiler(const MemoryUsage&)` is, which MemoryUsage layout it reads and
-how many direct calls it has, from capstone's disassembly (pip install capstone pyelftools).
+how many direct calls it has, from capstone's disassembly (pip install capstone pyelftools numpy).
 
 It shares no code with the tracer (probe-user/src/trace/torch_npu.rs) and reads the layout
 another way: from the report function's own body (which argument bytes it loads: `+4` is
 allocator_type after component_type came in), not from the callers' stores. Its output is the
-table in probe-user/tests/data/torch_npu_x86_64.tsv:
+table in probe-user/tests/data/torch_npu_x86_64.tsv (or torch_npu_aarch64.tsv: the instruction
+set is the ELF header's):
 
     tests/tools/torch_npu_reading.py DIR/*/torch_npu/lib/libtorch_npu.so
 """
@@ -16,7 +17,8 @@ import struct
 import sys
 
 import capstone
-from capstone import x86
+import numpy
+from capstone import arm64, x86
 from elftools.elf.elffile import ELFFile
 
 ANCHORS = (b"PTA CachingAllocator malloc: ", b"PTA CachingAllocator free: ")
@@ -206,8 +208,135 @@ def full(insn, reg):
     return GPR.get(core, GPR.get(name[1:], name))
 
 
+class Arm64Lib(Lib):
+    """The same questions about A64 code: strings come from `adrp` + `add`/`ldr` (or `adr`),
+    calls are `bl`, the device-type byte is a `strb` of a register set to 0x14."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.md = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+        self.md.detail = True
+
+    def words(self):
+        """The code as 32-bit words and their addresses (numpy: the cheap first passes below
+        look at every instruction of ~60 MB; capstone confirms what they pick)."""
+        if not hasattr(self, "_words"):
+            a, code = self.text()
+            w = numpy.frombuffer(code, dtype="<u4", count=len(code) // 4).astype(numpy.int64)
+            self._words = w, a + 4 * numpy.arange(len(w), dtype=numpy.int64)
+        return self._words
+
+    def functions_referencing(self, targets):
+        """Functions in which capstone's operands put one of `targets` in a register."""
+        pages = {t & ~0xFFF for t in targets}
+        w, pc = self.words()
+        kind = w & 0x9F000000
+        imm = ((w >> 29) & 3) | (((w >> 5) & 0x7FFFF) << 2)
+        imm -= (imm & 0x100000) << 1
+        adrp = (kind == 0x90000000) & numpy.isin((pc & ~0xFFF) + (imm << 12), list(pages))
+        adr = (kind == 0x10000000) & numpy.isin(pc + imm, list(targets))
+        funcs = set()
+        for at in pc[adrp | adr]:
+            f = self.function_at(int(at))
+            if f:
+                funcs.add(f)
+        confirmed = set()
+        for f in funcs:
+            insns = self.disasm(*f)
+            if not any(
+                i.mnemonic in ("adrp", "adr") and i.operands[1].imm in pages | targets
+                for i in insns
+            ):
+                continue
+            page = {}
+            for insn in insns:
+                ops = insn.operands
+                if insn.mnemonic == "adr" and ops[1].imm in targets:
+                    confirmed.add(f)
+                elif insn.mnemonic == "adrp":
+                    page[ops[0].reg] = ops[1].imm
+                elif insn.mnemonic == "add" and len(ops) == 3 and ops[2].type == arm64.ARM64_OP_IMM:
+                    if ops[1].reg in page and page[ops[1].reg] + ops[2].imm in targets:
+                        confirmed.add(f)
+                elif insn.mnemonic == "ldr" and ops[1].type == arm64.ARM64_OP_MEM:
+                    m = ops[1].mem
+                    if m.base in page and page[m.base] + m.disp in targets:
+                        confirmed.add(f)
+        return confirmed
+
+    def report_calls(self, func):
+        """`bl` targets preceded (since the previous call) by `strb wN, [..]` with wN = 0x14."""
+        targets = set()
+        seen_store = False
+        value = {}
+        for insn in self.disasm(*func):
+            ops = insn.operands
+            if insn.mnemonic in ("bl", "blr"):
+                if seen_store and insn.mnemonic == "bl":
+                    targets.add(ops[0].imm)
+                seen_store = False
+                value = {}
+            elif insn.mnemonic == "mov" and len(ops) == 2 and ops[1].type == arm64.ARM64_OP_IMM:
+                value[ops[0].reg] = ops[1].imm
+            elif insn.mnemonic == "strb":
+                if value.get(ops[0].reg) == 0x14:
+                    seen_store = True
+            else:
+                for reg in insn.regs_access()[1]:
+                    value.pop(reg, None)
+        return targets
+
+    def callers(self, target):
+        w, pc = self.words()
+        imm = w & 0x3FFFFFF
+        bl = (w & 0xFC000000 == 0x94000000) & (pc + 4 * (imm - ((imm & 0x2000000) << 1)) == target)
+        n = 0
+        for word, at in zip(w[bl], pc[bl]):  # capstone confirms the ones the arithmetic picks
+            insn = next(self.md.disasm(struct.pack("<I", int(word)), int(at)))
+            if insn.mnemonic == "bl" and insn.operands[0].imm == target:
+                n += 1
+        return n
+
+    def layout(self, target):
+        """Which low bytes of its argument (x0 and its copies) the report function loads."""
+        f = self.function_at(target)
+        arg = {"x0"}
+        low_bytes = set()
+        for insn in self.disasm(*f):
+            ops = insn.operands
+            name = lambda r: insn.reg_name(r) if r else None  # noqa: E731
+            if insn.mnemonic.startswith("ld"):
+                mem = [op for op in ops if op.type == arm64.ARM64_OP_MEM]
+                if mem and name(mem[0].mem.base) in arg and not mem[0].mem.index:
+                    size = {"b": 1, "h": 2}.get(insn.mnemonic[-1], 8 if name(ops[0].reg)[0] == "x" else 4)
+                    d = mem[0].mem.disp
+                    if 0 <= d < 8:
+                        low_bytes.update(range(d, d + size))
+                if mem and name(mem[0].mem.base) == "sp":
+                    continue  # an epilogue's restores: the code after its `ret` keeps the copies
+            if insn.mnemonic == "bl":
+                arg -= {"x%d" % r for r in range(19)}
+                continue
+            copies = (
+                insn.mnemonic == "mov"
+                and len(ops) == 2
+                and ops[1].type == arm64.ARM64_OP_REG
+                and name(ops[1].reg) in arg
+            )
+            for reg in insn.regs_access()[1]:
+                if copies:
+                    arg.add(name(reg))
+                else:
+                    arg.discard(name(reg))
+        if 4 in low_bytes:
+            return "with_component"
+        if 3 in low_bytes:
+            return "original"
+        return "unknown(%s)" % sorted(low_bytes)
+
+
 def read(path):
-    lib = Lib(path)
+    lib = Arm64Lib(path) if ELFFile(open(path, "rb"))["e_machine"] == "EM_AARCH64" else Lib(path)
     per_anchor = []
     for anchor in ANCHORS:
         funcs = lib.functions_referencing(lib.strings(anchor))

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Fetches the torch_npu wheels of the release matrix into a cache and keeps only what the
-static test reads: `CACHE/torch_npu_libs/VERSION/torch_npu/{lib/libtorch_npu.so,version.py}`.
+static test reads: `CACHE/LIBS/VERSION/torch_npu/{lib/libtorch_npu.so,version.py}`, where LIBS is
+`torch_npu_libs` for x86-64 and `torch_npu_libs_aarch64` for aarch64 (libs_dir).
 
     torch_npu_wheels.py CACHE PLATFORM VERSION...
 
@@ -17,9 +18,14 @@ import zipfile
 MEMBERS = ("torch_npu/lib/libtorch_npu.so", "torch_npu/version.py")
 
 
+def libs_dir(cache, platform):
+    """Where one platform's libraries are kept (x86-64's folder predates the others)."""
+    return os.path.join(cache, "torch_npu_libs" if platform == "x86_64" else "torch_npu_libs_" + platform)
+
+
 def fetch(cache, platform, version):
     """Unpacks one release; returns the bytes downloaded (0 when it was already there)."""
-    dest = os.path.join(cache, "torch_npu_libs", version)
+    dest = os.path.join(libs_dir(cache, platform), version)
     if all(os.path.isfile(os.path.join(dest, m)) for m in MEMBERS):
         return 0
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -49,7 +55,7 @@ def main():
             downloaded += fetch(cache, platform, v)
         except Exception as e:  # noqa: BLE001 - reported below, per release
             failed.append("%s (%s)" % (v, e))
-    libs = os.path.join(cache, "torch_npu_libs")
+    libs = libs_dir(cache, platform)
     kept = sum(
         os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(libs) for f in fs
     )

@@ -17,9 +17,10 @@
 //! its own copy of `libc10_cuda.so` (CUDA's, never used here), one per failed import, and
 //! leaves torch_npu untouched ([`rename_cuda_config_keys`]).
 //!
-//! The release matrix (every torch_npu release PyPI serves for cp311, in
-//! `probe-user/tests/data/torch_npu_x86_64.tsv`) is fetched too, wheels only, no torch: only
-//! each wheel's `libtorch_npu.so` and `version.py` are kept, for the static test
+//! The release matrix (every torch_npu release PyPI serves for cp311, x86-64 and aarch64, in
+//! `probe-user/tests/data/torch_npu_{x86_64,aarch64}.tsv`) is fetched too, wheels only, no
+//! torch: only each wheel's `libtorch_npu.so` and `version.py` are kept (`torch_npu_libs` and
+//! `torch_npu_libs_aarch64`, about 3 GB each), for the static test
 //! (`probe-user/tests/real_torch_matrix.rs`).
 //!
 //! `MEMSCOPE_TORCH_BED=off` skips all of it (the tests that need it then say SKIPPED).
@@ -126,8 +127,15 @@ pub fn installed() -> bool {
 /// True when the release matrix's libraries have been fetched (some at least: the fetch
 /// itself is idempotent and cheap when they are all there).
 pub fn matrix_fetched() -> bool {
-    cache_dir().is_ok_and(|venvs| venvs.with_file_name("torch_npu_libs").is_dir())
+    cache_dir().is_ok_and(|venvs| {
+        ["torch_npu_libs", "torch_npu_libs_aarch64"]
+            .iter()
+            .all(|libs| venvs.with_file_name(libs).is_dir())
+    })
 }
+
+/// The platforms of the release matrix, each with its table of the independent reading.
+const MATRIX_PLATFORMS: [&str; 2] = ["x86_64", "aarch64"];
 
 /// Makes every venv that is not ready yet, then the simulated CANN for all of them.
 pub fn prepare(repo: &Path) -> Result<String> {
@@ -274,26 +282,34 @@ fn rename_cuda_config_keys(repo: &Path, venv: &Path) -> Result<Vec<String>> {
 /// The torch_npu wheels of the release matrix, fetched once (libtorch_npu.so and version.py
 /// kept) by tests/tools/torch_npu_wheels.py; says how much came now and how much is kept.
 fn fetch_matrix(repo: &Path) -> Result<String> {
-    let table = fs::read_to_string(repo.join("probe-user/tests/data/torch_npu_x86_64.tsv"))?;
-    let versions: Vec<&str> = table
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| l.split('\t').next())
-        .collect();
     let cache = cache_dir()?
         .parent()
         .context("the venvs' cache directory has no parent")?
         .to_path_buf();
-    let mut fetch = Command::new("python3");
-    fetch
-        .arg(repo.join("tests/tools/torch_npu_wheels.py"))
-        .arg(cache)
-        .arg("x86_64")
-        .args(versions);
-    Ok(cmd::output(&mut fetch)
-        .context("fetching the torch_npu release matrix")?
-        .trim()
-        .to_owned())
+    let mut said = Vec::new();
+    for platform in MATRIX_PLATFORMS {
+        let table = fs::read_to_string(
+            repo.join(format!("probe-user/tests/data/torch_npu_{platform}.tsv")),
+        )?;
+        let versions: Vec<&str> = table
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split('\t').next())
+            .collect();
+        let mut fetch = Command::new("python3");
+        fetch
+            .arg(repo.join("tests/tools/torch_npu_wheels.py"))
+            .arg(&cache)
+            .arg(platform)
+            .args(versions);
+        said.push(
+            cmd::output(&mut fetch)
+                .with_context(|| format!("fetching the torch_npu release matrix ({platform})"))?
+                .trim()
+                .to_owned(),
+        );
+    }
+    Ok(said.join("; "))
 }
 
 fn make_venv(

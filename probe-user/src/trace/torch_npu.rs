@@ -15,7 +15,9 @@
 //!    than once; mold-linked releases keep the strings in `.rodata.str1.8`. Every string and
 //!    every load counts, as long as they lead to the same report function;
 //! 2. in those functions, the report is a direct call that follows a `mov byte [frame+B], 0x14`
-//!    (`device_type = PrivateUse1`, the first field of the `MemoryUsage` being built): the one
+//!    (x86-64; on aarch64 a `strb` of a register set to 0x14: the instruction set's part lives in
+//!    `memscope_symbols::locate`) (`device_type = PrivateUse1`, the first field of the
+//!    `MemoryUsage` being built): the one
 //!    target common to the malloc and free sides is the report function. When `.symtab` is
 //!    shipped (2.9.1) and names it, that name must agree with the code;
 //! 3. the layout of `MemoryUsage` changed in 2025 (a `component_type` byte came in at +2 and
