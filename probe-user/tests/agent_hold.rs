@@ -93,6 +93,18 @@ fn log_live_by_device(log: &Path) -> (BTreeMap<String, u64>, u64) {
 }
 
 /// Device -> live bytes the agent reports for `pid` (every owner; zero series left out).
+/// The (`container`, `pod_uid`) labels on the series of `pid` ("" where left out): one pair
+/// when every series carries the same.
+fn containers_of_pid(m: &Samples, pid: u32) -> std::collections::BTreeSet<(String, String)> {
+    m.iter()
+        .filter(|(_, l, _)| l.get("pid") == Some(&pid.to_string()))
+        .map(|(_, l, _)| {
+            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+            (get("container"), get("pod_uid"))
+        })
+        .collect()
+}
+
 fn metrics_live_by_device(m: &Samples, pid: u32) -> BTreeMap<String, u64> {
     let mut by = BTreeMap::new();
     for (_, l, v) in m
@@ -295,18 +307,20 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
             ),
             image(&dir.join("image-a")),
             dir.join("a.log"),
+            ("111111111111", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"),
         ),
         (
             Cgroup::new("docker/2222222222222222222222222222222222222222222222222222222222222222"),
             image(&dir.join("image-b")),
             dir.join("b.log"),
+            ("222222222222", ""),
         ),
     ];
     // Started once the images exist: its discovery would otherwise see the copies being
     // written and probe them ahead of their containers.
     let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
     let mut jobs = Vec::new();
-    for (cg, image, log) in &containers {
+    for (cg, image, log, _) in &containers {
         let go = log.with_extension("go");
         let hal = at.join("vendor/libascend_hal.so");
         // After the gate (so the test knows its pid), it opens the HAL and allocates at once.
@@ -331,7 +345,14 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
         pids.push(pid);
     }
     let m = wait_exited(&mut agent, &pids, &dir);
-    for ((cg, _, log), pid) in containers.iter().zip(&pids) {
+    for ((cg, _, log, (container, pod_uid)), pid) in containers.iter().zip(&pids) {
+        // Labelled with its container and pod, read while it was held (it is gone now).
+        assert_eq!(
+            containers_of_pid(&m, *pid),
+            [(container.to_string(), pod_uid.to_string())].into(),
+            "labels of pid {pid} in {}",
+            cg.shown()
+        );
         let (live, allocs) = log_live_by_device(log);
         assert!(allocs == 12 && !live.is_empty(), "{}", log.display());
         assert_eq!(
@@ -380,6 +401,10 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
         Some(allocs as f64)
     );
     assert_eq!(metrics_live_by_device(&m, pid_c), live);
+    assert_eq!(
+        containers_of_pid(&m, pid_c),
+        [("333333333333".to_string(), String::new())].into()
+    );
     let (code, text) = agent.stop();
     assert_eq!(code, Some(0), "{text}");
     let probed_at = |root: &Path| {

@@ -127,9 +127,9 @@ pub struct AgentObserver {
     keep_exited: Duration,
     max_exited: usize,
     tracked: HashMap<u32, Tracked, AddrHash>,
-    /// Names read while a process was held at a vendor library's open, for when it is
+    /// Names and containers read while a process was held at a vendor library's open, for when it is
     /// picked up (a short job may be gone by its first call's arrival). Bounded.
-    held_names: HashMap<u32, String, AddrHash>,
+    held_names: HashMap<u32, (String, Container), AddrHash>,
     /// The pid `received` last made sure of.
     last_received: Option<u32>,
     other: Arc<str>,
@@ -228,12 +228,16 @@ impl AgentObserver {
 /// The counters of `pid`, made (and the process logged as picked up) at its first event.
 fn tracked_entry<'a>(
     tracked: &'a mut HashMap<u32, Tracked, AddrHash>,
-    held_names: &mut HashMap<u32, String, AddrHash>,
+    held_names: &mut HashMap<u32, (String, Container), AddrHash>,
     shared: &Shared,
     pid: u32,
 ) -> &'a mut Tracked {
     tracked.entry(pid).or_insert_with(|| {
-        let comm = held_names.remove(&pid).unwrap_or_else(|| process_comm(pid));
+        // A process held at its first library open is named while it lives (a short job
+        // may be gone by its first event).
+        let (comm, container) = held_names
+            .remove(&pid)
+            .unwrap_or_else(|| (process_comm(pid), super::cgroup::of_process(pid)));
         shared
             .counters
             .processes_seen
@@ -243,9 +247,9 @@ fn tracked_entry<'a>(
         ));
         Tracked {
             comm,
-            // Read once, while the process lives (a process that moves between cgroups keeps
-            // the first: the labels of its series must not change under it).
-            container: super::cgroup::of_process(pid),
+            // Read once (a process that moves between cgroups keeps the first: the labels of
+            // its series must not change under it).
+            container,
             devices: BTreeMap::new(),
             alloc_by_stack: HashMap::new(),
         }
@@ -393,7 +397,8 @@ impl Observer for AgentObserver {
             if self.held_names.len() >= 4096 {
                 self.held_names.clear();
             }
-            self.held_names.insert(pid, process_comm(pid));
+            self.held_names
+                .insert(pid, (process_comm(pid), super::cgroup::of_process(pid)));
         }
         let c = &self.shared.counters;
         c.holds.fetch_add(1, Ordering::Relaxed);
