@@ -1,0 +1,368 @@
+//! PyTorch memory snapshots (`--snapshot`): the pickle `torch.cuda.memory._dump_snapshot()`
+//! and torch_npu's `torch_npu.npu.memory._dump_snapshot()` write, the one memory_viz
+//! (`python -m torch.cuda._memory_viz`, pytorch.org/memory_viz) reads, built from outside the
+//! process out of the rows a run writes:
+//!
+//! * `segments`: the driver allocations (HAL MALLOC rows) a framework pool block (PTA rows,
+//!   the report function of torch_npu's caching allocator) was ever seen in, each with its
+//!   live blocks (`active_allocated`) and the gaps between them (`inactive`: the caching
+//!   allocator merges free neighbours, so a gap is one free block);
+//! * `device_traces`: per device, `segment_alloc`, `alloc`, `free_requested`,
+//!   `free_completed` and `segment_free` actions in the order the rows were written;
+//! * frames `{filename, line, name}`, innermost first: the C stack's frames (our symbolizer's
+//!   file:line where it has them) with the Python stack's frames placed before the first
+//!   interpreter-loop frame, as torch places them.
+//!
+//! What cannot be known from outside is said in the file's `memscope_bpf` entry and not
+//! made up: see [`UNKNOWN`].
+
+pub mod pickle;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use crate::state::{DeviceKey, Row};
+use pickle::Value;
+
+/// What the snapshot cannot say, written into it (`memscope_bpf.unknown`) and into
+/// docs/output.md.
+pub const UNKNOWN: &[&str] = &[
+    "stream: the report function carries no stream; every stream is written as 0",
+    "requested_size: the report function carries the block size only; requested_size is \
+     the block size (and an alloc action's size the block size, where torch writes the \
+     size asked for)",
+    "free_completed: written right after free_requested (the report function reports one \
+     free); blocks waiting for another stream's event (active_pending_free) are not seen",
+    "expandable segments (virtual memory mapped on demand) are not drawn as segments",
+];
+
+/// Trace entries kept per device; older ones are dropped first (counted in the file), as
+/// torch's own `max_entries` ring does.
+pub const MAX_TRACE_ENTRIES: usize = 1 << 20;
+
+/// A frame list shared by a block and its trace entry (written once into the pickle).
+type Frames = Arc<Value>;
+
+struct Segment {
+    size: u64,
+    /// A pool block was seen inside: the segment belongs to the framework's pool.
+    pooled: bool,
+    frames: Frames,
+    id: u64,
+}
+
+struct LiveBlock {
+    size: u64,
+    frames: Frames,
+}
+
+struct TraceEntry {
+    action: &'static str,
+    addr: u64,
+    size: u64,
+    time_us: u64,
+    frames: Frames,
+    /// For segment actions: the segment, written only if it turned out to be pooled.
+    segment: Option<u64>,
+}
+
+#[derive(Default)]
+struct DeviceHistory {
+    segments: BTreeMap<u64, Segment>,
+    blocks: BTreeMap<u64, LiveBlock>,
+    trace: VecDeque<TraceEntry>,
+    dropped: u64,
+}
+
+/// Builds a process's snapshot from the rows written for it, as they are written.
+#[derive(Default)]
+pub struct SnapshotRecorder {
+    devices: BTreeMap<u32, DeviceHistory>,
+    /// Segment ids that ever held a pool block.
+    pooled: std::collections::HashSet<u64>,
+    next_segment: u64,
+    /// Set for a `--pid` session: what happened before it is not in the rows.
+    attached: bool,
+}
+
+impl SnapshotRecorder {
+    /// `attached`: the process was running before tracing began (`--pid`, the agent).
+    pub fn new(attached: bool) -> Self {
+        SnapshotRecorder {
+            attached,
+            ..Default::default()
+        }
+    }
+
+    /// Takes one written row; rows other than HAL and PTA MALLOC/FREE are passed over.
+    pub fn row(&mut self, row: &Row) {
+        let DeviceKey::Npu(device) = row.device else {
+            return;
+        };
+        let (Some(addr), Some(size)) = (row.ptr, row.size) else {
+            return;
+        };
+        let pool = match row.event_type {
+            "HAL" => false,
+            "PTA" => true,
+            _ => return,
+        };
+        let frames = || Arc::new(frames_of(row.c_stack.as_deref(), row.py_stack.as_deref()));
+        let time_us = row.ts_ns / 1000;
+        let dev = self.devices.entry(device).or_default();
+        let mut push = |dev: &mut DeviceHistory, action, size, frames: &Frames, segment| {
+            if dev.trace.len() >= MAX_TRACE_ENTRIES {
+                dev.trace.pop_front();
+                dev.dropped += 1;
+            }
+            dev.trace.push_back(TraceEntry {
+                action,
+                addr,
+                size,
+                time_us,
+                frames: frames.clone(),
+                segment,
+            });
+        };
+        match (row.event, pool) {
+            ("MALLOC", false) => {
+                let id = self.next_segment;
+                self.next_segment += 1;
+                let frames = frames();
+                push(dev, "segment_alloc", size, &frames, Some(id));
+                let seg = Segment {
+                    size,
+                    pooled: false,
+                    frames,
+                    id,
+                };
+                dev.segments.insert(addr, seg);
+            }
+            ("FREE", false) => {
+                if let Some(seg) = dev.segments.remove(&addr) {
+                    push(dev, "segment_free", seg.size, &frames(), Some(seg.id));
+                }
+            }
+            ("MALLOC", true) => {
+                if let Some((&start, seg)) = dev.segments.range_mut(..=addr).next_back()
+                    && addr < start.saturating_add(seg.size)
+                    && !seg.pooled
+                {
+                    seg.pooled = true;
+                    self.pooled.insert(seg.id);
+                }
+                let frames = frames();
+                push(dev, "alloc", size, &frames, None);
+                dev.blocks.insert(addr, LiveBlock { size, frames });
+            }
+            ("FREE", true) => {
+                // The free's own stack: where the last reference was dropped.
+                let frames = frames();
+                let size = dev.blocks.remove(&addr).map_or(size, |b| b.size);
+                push(dev, "free_requested", size, &frames, None);
+                push(dev, "free_completed", size, &frames, None);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether any pool block was seen (a snapshot without one has nothing to draw).
+    pub fn has_pool(&self) -> bool {
+        !self.pooled.is_empty()
+    }
+
+    /// The snapshot now, as a pickle.
+    pub fn pickle(&self) -> Vec<u8> {
+        pickle::dumps(&self.value())
+    }
+
+    fn value(&self) -> Value {
+        let mut segments = Vec::new();
+        for (&device, dev) in &self.devices {
+            for (&address, seg) in dev.segments.iter().filter(|(_, s)| s.pooled) {
+                segments.push(segment_value(device, address, seg, &dev.blocks));
+            }
+        }
+        let max_device = self.devices.keys().next_back().map_or(0, |d| d + 1);
+        let traces = (0..max_device)
+            .map(|d| match self.devices.get(&d) {
+                Some(dev) => Value::List(
+                    dev.trace
+                        .iter()
+                        .filter(|e| e.segment.is_none_or(|id| self.pooled.contains(&id)))
+                        .map(trace_value)
+                        .collect(),
+                ),
+                None => Value::List(Vec::new()),
+            })
+            .collect();
+        let dropped: u64 = self.devices.values().map(|d| d.dropped).sum();
+        let mut unknown: Vec<Value> = UNKNOWN.iter().map(|s| Value::from(*s)).collect();
+        if self.attached {
+            unknown.push(
+                "attached to a running process: segments, blocks and actions from before the \
+                 attach are not in this snapshot"
+                    .into(),
+            );
+        }
+        Value::Dict(vec![
+            ("segments", Value::List(segments)),
+            ("device_traces", Value::List(traces)),
+            (
+                "memscope_bpf",
+                Value::Dict(vec![
+                    (
+                        "source",
+                        "memscope-bpf: HAL rows (segments) and the framework's report \
+                         function (PTA rows: blocks), traced from outside the process"
+                            .into(),
+                    ),
+                    ("version", env!("CARGO_PKG_VERSION").into()),
+                    ("attached", self.attached.into()),
+                    ("dropped_trace_entries", dropped.into()),
+                    ("unknown", Value::List(unknown)),
+                ]),
+            ),
+        ])
+    }
+}
+
+/// One segment with its blocks: live ones and the gaps between them.
+fn segment_value(
+    device: u32,
+    address: u64,
+    seg: &Segment,
+    blocks: &BTreeMap<u64, LiveBlock>,
+) -> Value {
+    let end = address + seg.size;
+    let mut out = Vec::new();
+    let mut at = address;
+    let mut allocated = 0u64;
+    let empty: Frames = Arc::new(Value::List(Vec::new()));
+    let gap = |out: &mut Vec<Value>, from: u64, to: u64| {
+        if to > from {
+            out.push(block_value(from, to - from, "inactive", &empty));
+        }
+    };
+    for (&b_addr, b) in blocks.range(address..end) {
+        gap(&mut out, at, b_addr);
+        out.push(block_value(b_addr, b.size, "active_allocated", &b.frames));
+        allocated += b.size;
+        at = at.max(b_addr + b.size);
+    }
+    gap(&mut out, at, end);
+    Value::Dict(vec![
+        ("device", device.into()),
+        ("address", address.into()),
+        ("total_size", seg.size.into()),
+        ("allocated_size", allocated.into()),
+        ("active_size", allocated.into()),
+        ("requested_size", allocated.into()),
+        ("stream", 0u64.into()),
+        ("segment_type", segment_type(seg.size).into()),
+        (
+            "segment_pool_id",
+            Value::Tuple(vec![Value::Int(0), Value::Int(0)]),
+        ),
+        ("is_expandable", false.into()),
+        ("frames", Value::Shared(seg.frames.clone())),
+        ("blocks", Value::List(out)),
+    ])
+}
+
+/// The caching allocator's small pool allocates 2 MiB segments and nothing else does
+/// (large-pool segments are 20 MiB, or a request over 10 MiB rounded up to 2 MiB).
+fn segment_type(size: u64) -> &'static str {
+    if size == 2 << 20 { "small" } else { "large" }
+}
+
+fn block_value(address: u64, size: u64, state: &str, frames: &Frames) -> Value {
+    Value::Dict(vec![
+        ("address", address.into()),
+        ("size", size.into()),
+        ("requested_size", size.into()),
+        ("state", state.into()),
+        ("frames", Value::Shared(frames.clone())),
+    ])
+}
+
+fn trace_value(e: &TraceEntry) -> Value {
+    Value::Dict(vec![
+        ("action", e.action.into()),
+        ("addr", e.addr.into()),
+        ("size", e.size.into()),
+        ("stream", 0u64.into()),
+        ("time_us", e.time_us.into()),
+        ("frames", Value::Shared(e.frames.clone())),
+    ])
+}
+
+/// The frames of a row's stacks, innermost first: C frames, with the Python frames placed
+/// before the first frame of the interpreter loop (or after the C frames if none is seen).
+pub fn frames_of(c_stack: Option<&str>, py_stack: Option<&str>) -> Value {
+    let python: Vec<Value> = py_stack
+        .into_iter()
+        .flat_map(str::lines)
+        .filter_map(python_frame)
+        .collect();
+    let mut out = Vec::new();
+    let mut python = Some(python);
+    for line in c_stack.into_iter().flat_map(str::lines) {
+        let Some(frame) = c_frame(line) else {
+            continue;
+        };
+        if let Value::Dict(pairs) = &frame
+            && let Some((_, Value::Str(name))) = pairs.iter().find(|(k, _)| *k == "name")
+            && name.contains("_PyEval_EvalFrameDefault")
+            && let Some(py) = python.take()
+        {
+            out.extend(py);
+        }
+        out.push(frame);
+    }
+    if let Some(py) = python {
+        out.extend(py);
+    }
+    Value::List(out)
+}
+
+fn frame(filename: &str, line: u64, name: &str) -> Value {
+    Value::Dict(vec![
+        ("filename", filename.into()),
+        ("line", line.into()),
+        ("name", name.into()),
+    ])
+}
+
+/// `file(line): function` (docs/call-stacks.md).
+fn python_frame(text: &str) -> Option<Value> {
+    let (place, name) = text.trim().split_once("): ")?;
+    let (file, line) = place.rsplit_once('(')?;
+    Some(frame(file, line.parse().ok()?, name))
+}
+
+/// `0xADDR function at file:line`, `0xADDR [inlined] function at file:line`,
+/// `0xADDR function`, `0xADDR lib.so+0xOFF`; `[truncated]` and the like are no frame.
+fn c_frame(text: &str) -> Option<Value> {
+    let text = text.trim().trim_matches('"');
+    let (addr, rest) = text.split_once(' ')?;
+    if !addr.starts_with("0x") {
+        return None;
+    }
+    let rest = rest.strip_prefix("[inlined] ").unwrap_or(rest);
+    if let Some((name, place)) = rest.rsplit_once(" at ")
+        && let Some((file, line)) = place.rsplit_once(':')
+        && let Ok(line) = line.parse()
+    {
+        return Some(frame(file, line, name));
+    }
+    // A library and offset (no symbol), or a symbol without line information.
+    let file = match rest.split_once('+') {
+        Some((lib, off)) if off.starts_with("0x") => lib,
+        _ => "??",
+    };
+    Some(frame(file, 0, rest))
+}
+
+#[cfg(test)]
+mod tests;
