@@ -216,6 +216,7 @@ fn trace(opts: &AgentOptions, shared: &Arc<Shared>) -> Result<bpf::Bpf> {
         mixed: python_depth.is_some(),
         rotate: None,
         observer: Some(Box::new(observer)),
+        snapshot: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -21,6 +21,12 @@ pub mod pickle;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use super::csv::ProcessOutput;
 use crate::state::{DeviceKey, Row};
 use pickle::Value;
 
@@ -110,7 +116,7 @@ impl SnapshotRecorder {
         let frames = || Arc::new(frames_of(row.c_stack.as_deref(), row.py_stack.as_deref()));
         let time_us = row.ts_ns / 1000;
         let dev = self.devices.entry(device).or_default();
-        let mut push = |dev: &mut DeviceHistory, action, size, frames: &Frames, segment| {
+        let push = |dev: &mut DeviceHistory, action, size, frames: &Frames, segment| {
             if dev.trace.len() >= MAX_TRACE_ENTRIES {
                 dev.trace.pop_front();
                 dev.dropped += 1;
@@ -174,6 +180,18 @@ impl SnapshotRecorder {
     /// The snapshot now, as a pickle.
     pub fn pickle(&self) -> Vec<u8> {
         pickle::dumps(&self.value())
+    }
+
+    /// Writes the snapshot now as `<process dir>/<stem>.pickle` (`<stem>_<n>.pickle` if that
+    /// name is taken); returns the file and its size.
+    pub fn write(&self, out: &mut ProcessOutput, stem: &str) -> Result<(PathBuf, u64)> {
+        let bytes = self.pickle();
+        let dir = out.ensure_dir()?;
+        let (path, mut f) = dir.create_unique_file(stem, ".pickle")?;
+        f.write_all(&bytes)
+            .and_then(|()| f.sync_data())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok((path, bytes.len() as u64))
     }
 
     fn value(&self) -> Value {
