@@ -63,6 +63,9 @@ fn snapshot_matches_torch_npus_own() {
             .args(["--log", log.to_str().unwrap(), "--steps", "5", "--keep-cache"])
             .args(["--snapshot", theirs.to_str().unwrap()])
             .envs(cann_env())
+            // torch_npu's _dump_snapshot also leaves a device_0_memUsageInfo_<time>.csv in
+            // the working directory.
+            .current_dir(&dir)
             .output()
             .expect("run memscope-bpf");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -117,6 +120,7 @@ fn sigusr1_snapshots_a_running_job() {
         .args(["--wait-file", go.to_str().unwrap()])
         .args(["--hold-file", hold.to_str().unwrap()])
         .envs(cann_env())
+        .current_dir(&dir)
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");

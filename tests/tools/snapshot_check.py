@@ -53,7 +53,10 @@ def compare(ours_path, theirs_path, script):
         bad.append(f"segments differ:\n  ours   {segments(ours)}\n  theirs {segments(theirs)}")
     a, b = actions(ours, script), actions(theirs, script)
     if [x[:3] for x in a] != [x[:3] for x in b]:
-        bad.append("actions differ:\n" + "\n".join(f"  ours {x[:3]}  theirs {y[:3]}" for x, y in zip(a + [None] * len(b), b + [None] * len(a)) if x is not None or y is not None))
+        width = max(len(a), len(b))
+        pad = lambda xs: [x[:3] for x in xs] + [None] * (width - len(xs))  # noqa: E731
+        bad.append("actions differ (device, action, address):\n" + "\n".join(
+            f"  {'  ' if x == y else '! '}ours {x}  theirs {y}" for x, y in zip(pad(a), pad(b))))
     else:
         for x, y in zip(a, b):
             if x[3] != y[3]:
