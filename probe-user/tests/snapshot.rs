@@ -1,4 +1,4 @@
-//! `--snapshot`: the PyTorch memory snapshot memscope-bpf writes from outside the process,
+//! `--memory-snapshot`: the PyTorch memory snapshot memscope-bpf writes from outside the process,
 //! against the one torch_npu writes from inside (`torch_npu.npu.memory._record_memory_history()`
 //! and `_dump_snapshot()` in tests/fixtures/python/torch_npu_train.py --snapshot) on the
 //! released wheels of the test bed, and drawn by the torch wheel's own `_memory_viz.py`
@@ -8,6 +8,8 @@ mod common;
 
 use std::{
     fs,
+    io::{Read, Write},
+    net::TcpStream,
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -57,10 +59,16 @@ fn snapshot_matches_torch_npus_own() {
         let log = dir.join("gt.log");
         let out = Command::new(TRACER)
             .env_remove("SUDO_UID")
-            .args(["-o", out_dir.to_str().unwrap(), "--snapshot", "--"])
+            .args(["-o", out_dir.to_str().unwrap(), "--memory-snapshot", "--"])
             .arg(venv.join("bin/python"))
             .arg(torch_script())
-            .args(["--log", log.to_str().unwrap(), "--steps", "5", "--keep-cache"])
+            .args([
+                "--log",
+                log.to_str().unwrap(),
+                "--steps",
+                "5",
+                "--keep-cache",
+            ])
             .args(["--snapshot", theirs.to_str().unwrap()])
             .envs(cann_env())
             // torch_npu's _dump_snapshot also leaves a device_0_memUsageInfo_<time>.csv in
@@ -129,7 +137,7 @@ fn sigusr1_snapshots_a_running_job() {
     let mut tracer = Background::spawn(&[
         "-o",
         out_dir.to_str().unwrap(),
-        "--snapshot",
+        "--memory-snapshot",
         "--pid",
         &pid.to_string(),
     ]);
@@ -153,26 +161,10 @@ fn sigusr1_snapshots_a_running_job() {
                 .starts_with("memory_snapshot_")
         })
         .unwrap_or_else(|| panic!("no memory_snapshot_<time>.pickle; {line}"));
-    let mut kept: Vec<u64> = log_lines(&text, "LEAK")
-        .iter()
-        .map(|f| hex(f["ptr"]))
-        .collect();
-    kept.sort();
-    assert_eq!(kept.len(), 3, "{text}");
-    let read = Command::new(venv.join("bin/python"))
-        .args([
-            "-c",
-            "import pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); \
-             print(s['memscope_bpf']['attached'], sorted(b['address'] for g in s['segments'] \
-             for b in g['blocks'] if b['state']=='active_allocated'))",
-        ])
-        .arg(&live)
-        .output()
-        .unwrap();
-    assert!(read.status.success());
+    let kept = kept_tensors(&text);
     assert_eq!(
-        String::from_utf8_lossy(&read.stdout).trim(),
-        format!("True {kept:?}"),
+        live_blocks(venv, &fs::read(&live).unwrap()),
+        (true, kept),
         "the live snapshot's blocks against the script's kept tensors"
     );
     fs::write(&hold, b"").unwrap();
@@ -190,4 +182,155 @@ fn sigusr1_snapshots_a_running_job() {
             .is_file(),
         "{stderr}"
     );
+}
+
+/// The tensors the script keeps to its end (its LEAK lines), sorted.
+fn kept_tensors(log: &str) -> Vec<u64> {
+    let mut kept: Vec<u64> = log_lines(log, "LEAK")
+        .iter()
+        .map(|f| hex(f["ptr"]))
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), 3, "{log}");
+    kept
+}
+
+/// A snapshot's `memscope_bpf.attached` and its live blocks' addresses, as Python's pickle
+/// reads them.
+fn live_blocks(venv: &Path, pickle: &[u8]) -> (bool, Vec<u64>) {
+    let mut child = Command::new(venv.join("bin/python"))
+        .args([
+            "-c",
+            "import pickle,sys; s=pickle.load(sys.stdin.buffer); \
+             print(s['memscope_bpf']['attached'], *sorted(b['address'] for g in s['segments'] \
+             for b in g['blocks'] if b['state']=='active_allocated'))",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(pickle).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "not a pickle Python reads");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    let attached = words.next() == Some("True");
+    (attached, words.map(|w| w.parse().unwrap()).collect())
+}
+
+/// One HTTP GET: (status, body).
+fn get(addr: &str, path: &str) -> Option<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).ok()?;
+    let split = all.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let status = String::from_utf8_lossy(&all[..split])
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some((status, all[split + 4..].to_vec()))
+}
+
+/// Ends a helper process however the test ends: the agent (SIGTERM, it detaches) or the job.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// The node agent with --memory-snapshot serves a running job's snapshot over HTTP: its live
+/// blocks are exactly the tensors the job keeps.
+#[test]
+fn agent_serves_a_running_jobs_memory_snapshot() {
+    let Some(venvs) = torch_venvs("agent_serves_a_running_jobs_memory_snapshot") else {
+        return;
+    };
+    let _serial = serial();
+    let venv = &venvs[venvs.len() - 1];
+    let dir = scratch("snapshot-agent");
+    let lib64 = cann_dir().join("lib64");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _agent = StopOnDrop(
+        Command::new(TRACER)
+            .args(["agent", "--listen", &addr, "--memory-snapshot"])
+            .arg("--lib")
+            .arg(lib64.join("libascend_hal.so"))
+            .arg("--lib")
+            .arg(lib64.join("libascendcl.so"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the agent"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while get(&addr, "/ready").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the agent never got ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (log, go, hold) = (dir.join("gt.log"), dir.join("go"), dir.join("hold"));
+    let mut job = StopOnDrop(
+        Command::new(venv.join("bin/python"))
+            .arg(torch_script())
+            .args(["--log", log.to_str().unwrap(), "--steps", "5"])
+            .args(["--wait-file", go.to_str().unwrap()])
+            .args(["--hold-file", hold.to_str().unwrap()])
+            .envs(cann_env())
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python"),
+    );
+    let text = wait_for_text(&log, "READY", 300);
+    let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
+    // Picked up (its lazy init) before its first tensor.
+    let seen = format!("pid=\"{pid}\"");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !get(&addr, "/metrics")
+        .is_some_and(|(_, body)| String::from_utf8_lossy(&body).contains(&seen))
+    {
+        assert!(Instant::now() < deadline, "the agent never picked up {pid}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        get(&addr, "/debug/memory_snapshot?pid=x").map(|r| r.0),
+        Some(400)
+    );
+    fs::write(&go, b"").unwrap();
+    let text = wait_for_text(&log, "DONE", 300);
+    let kept = kept_tensors(&text);
+    // The agent is behind by its reorder window, more under load.
+    let path = format!("/debug/memory_snapshot?pid={pid}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let got = loop {
+        let got = match get(&addr, &path) {
+            Some((200, body)) => Some(live_blocks(venv, &body)),
+            _ => None,
+        };
+        if got.as_ref() == Some(&(true, kept.clone())) || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(got, Some((true, kept)), "the agent's snapshot of {pid}");
+    fs::write(&hold, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while job.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the script did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

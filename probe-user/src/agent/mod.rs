@@ -100,7 +100,10 @@ fn run(opts: &AgentOptions) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the agent needs root (CAP_BPF and CAP_PERFMON) to load BPF programs");
     }
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        memory_snapshots: opts.memory_snapshot.then(Default::default),
+        ..Shared::default()
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     raise_fd_limit();
     let hosts = http::AllowedHosts::new(&opts.allow_hosts);

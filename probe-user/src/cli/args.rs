@@ -272,7 +272,7 @@ pub struct Options {
     /// directory when it ends; SIGUSR1 to memscope-bpf writes one
     /// of every live process now (memory_snapshot_<TIME>.pickle)
     #[arg(long, help_heading = "OUTPUT", verbatim_doc_comment)]
-    pub snapshot: bool,
+    pub memory_snapshot: bool,
 }
 
 #[derive(Subcommand, Debug)]

@@ -73,7 +73,7 @@ pub struct SessionConfig {
     /// The node agent (`agent/`): sees every process's state instead of files being written,
     /// runs until a signal, and lets exited processes go.
     pub observer: Option<Box<dyn Observer>>,
-    /// `--snapshot`: keep each process's PyTorch memory snapshot, written when it ends and
+    /// `--memory-snapshot`: keep each process's PyTorch memory snapshot, written when it ends and
     /// on SIGUSR1.
     pub snapshot: bool,
 }
@@ -153,7 +153,7 @@ struct Traced {
     /// Rows dated after the call that made them (an operator's end row, made at its start's
     /// turn), sorted by time: written once the calls before them are.
     later_rows: Vec<Row>,
-    /// `--snapshot`: the memory snapshot built from the rows written.
+    /// `--memory-snapshot`: the memory snapshot built from the rows written.
     snapshot: Option<SnapshotRecorder>,
 }
 
@@ -185,7 +185,7 @@ impl Traced {
         }
     }
 
-    /// Writes the memory snapshot as it stands (`--snapshot`), if a pool block was seen.
+    /// Writes the memory snapshot as it stands (`--memory-snapshot`), if a pool block was seen.
     fn write_snapshot(&mut self, pid: u32, stem: &str) {
         let Some(s) = &self.snapshot else {
             return;
@@ -203,7 +203,9 @@ impl Traced {
                 crate::output::leaks::human_bytes(size)
             )),
             Err(e) => {
-                log::error(&format!("cannot write the memory snapshot of pid {pid}: {e:#}"));
+                log::error(&format!(
+                    "cannot write the memory snapshot of pid {pid}: {e:#}"
+                ));
                 self.out.note_failure(&e);
             }
         }
@@ -288,7 +290,7 @@ impl Session {
     /// window before the signal), in `memory_snapshot_<time>.pickle`.
     fn snapshot_now(&mut self) -> Result<()> {
         if !self.cfg.snapshot {
-            log::warn("received SIGUSR1: no memory snapshot is kept; run with --snapshot");
+            log::warn("received SIGUSR1: no memory snapshot is kept; run with --memory-snapshot");
             return Ok(());
         }
         self.release(false)?;
@@ -312,7 +314,7 @@ impl Session {
         // A closed terminal (an SSH session that drops) ends the run as Ctrl-C does: detach,
         // write what was collected, not die with nothing written.
         let mut sighup = signal(SignalKind::hangup())?;
-        // SIGUSR1 writes each live process's memory snapshot now (`--snapshot`); without it
+        // SIGUSR1 writes each live process's memory snapshot now (`--memory-snapshot`); without it
         // the signal is only noted, never the default action (which would end the tracer).
         let mut sigusr1 = signal(SignalKind::user_defined1())?;
         let mut tick = tokio::time::interval(TICK);

@@ -1,4 +1,4 @@
-//! PyTorch memory snapshots (`--snapshot`): the pickle `torch.cuda.memory._dump_snapshot()`
+//! PyTorch memory snapshots (`--memory-snapshot`): the pickle `torch.cuda.memory._dump_snapshot()`
 //! and torch_npu's `torch_npu.npu.memory._dump_snapshot()` write, the one memory_viz
 //! (`python -m torch.cuda._memory_viz`, pytorch.org/memory_viz) reads, built from outside the
 //! process out of the rows a run writes:
@@ -42,9 +42,11 @@ pub const UNKNOWN: &[&str] = &[
     "expandable segments (virtual memory mapped on demand) are not drawn as segments",
 ];
 
-/// Trace entries kept per device; older ones are dropped first (counted in the file), as
-/// torch's own `max_entries` ring does.
+/// Trace entries kept per device by a traced run; older ones are dropped first (counted in
+/// the file), as torch's own `max_entries` ring does.
 pub const MAX_TRACE_ENTRIES: usize = 1 << 20;
+/// The same for the node agent, which keeps one per process for as long as it lives.
+pub const AGENT_TRACE_ENTRIES: usize = 10_000;
 
 /// A frame list shared by a block and its trace entry (written once into the pickle).
 type Frames = Arc<Value>;
@@ -89,13 +91,21 @@ pub struct SnapshotRecorder {
     next_segment: u64,
     /// Set for a `--pid` session: what happened before it is not in the rows.
     attached: bool,
+    /// Trace entries kept per device.
+    max_entries: usize,
 }
 
 impl SnapshotRecorder {
     /// `attached`: the process was running before tracing began (`--pid`, the agent).
     pub fn new(attached: bool) -> Self {
+        Self::keeping(attached, MAX_TRACE_ENTRIES)
+    }
+
+    /// Keeping at most `max_entries` trace entries per device.
+    pub fn keeping(attached: bool, max_entries: usize) -> Self {
         SnapshotRecorder {
             attached,
+            max_entries: max_entries.max(1),
             ..Default::default()
         }
     }
@@ -115,9 +125,10 @@ impl SnapshotRecorder {
         };
         let frames = || Arc::new(frames_of(row.c_stack.as_deref(), row.py_stack.as_deref()));
         let time_us = row.ts_ns / 1000;
+        let max_entries = self.max_entries;
         let dev = self.devices.entry(device).or_default();
         let push = |dev: &mut DeviceHistory, action, size, frames: &Frames, segment| {
-            if dev.trace.len() >= MAX_TRACE_ENTRIES {
+            if dev.trace.len() >= max_entries {
                 dev.trace.pop_front();
                 dev.dropped += 1;
             }

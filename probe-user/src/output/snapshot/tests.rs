@@ -38,15 +38,49 @@ fn list(v: &Value) -> &[Value] {
 #[test]
 fn segments_hold_live_blocks_and_gaps() {
     let mut r = SnapshotRecorder::new(false);
-    r.row(&row("MALLOC", "HAL", 0x1000_0000, 20 << 20, "t.py(4): <module>"));
+    r.row(&row(
+        "MALLOC",
+        "HAL",
+        0x1000_0000,
+        20 << 20,
+        "t.py(4): <module>",
+    ));
     r.row(&row("MALLOC", "HAL", 0x9000_0000, 4096, ""));
-    r.row(&row("MALLOC", "PTA", 0x1000_0000, 0x1000, "t.py(4): <module>"));
-    r.row(&row("MALLOC", "PTA", 0x1000_1000, 0x2000, "t.py(5): <module>"));
-    r.row(&row("MALLOC", "PTA", 0x1000_3000, 0x1000, "t.py(6): <module>"));
-    r.row(&row("FREE", "PTA", 0x1000_1000, 0x2000, "t.py(7): <module>"));
+    r.row(&row(
+        "MALLOC",
+        "PTA",
+        0x1000_0000,
+        0x1000,
+        "t.py(4): <module>",
+    ));
+    r.row(&row(
+        "MALLOC",
+        "PTA",
+        0x1000_1000,
+        0x2000,
+        "t.py(5): <module>",
+    ));
+    r.row(&row(
+        "MALLOC",
+        "PTA",
+        0x1000_3000,
+        0x1000,
+        "t.py(6): <module>",
+    ));
+    r.row(&row(
+        "FREE",
+        "PTA",
+        0x1000_1000,
+        0x2000,
+        "t.py(7): <module>",
+    ));
     let v = r.value();
     let segs = list(get(&v, "segments"));
-    assert_eq!(segs.len(), 1, "the driver block with no pool block is no segment");
+    assert_eq!(
+        segs.len(),
+        1,
+        "the driver block with no pool block is no segment"
+    );
     let blocks: Vec<(i128, i128, String)> = list(get(&segs[0], "blocks"))
         .iter()
         .map(|b| {
