@@ -68,6 +68,8 @@ const SETITEMS: u8 = b'u';
 const TUPLE: u8 = b't';
 const LONG_BINPUT: u8 = b'r';
 const LONG_BINGET: u8 = b'j';
+/// Items per APPENDS or SETITEMS.
+const BATCH: usize = 1000;
 
 /// `value` as a protocol 2 pickle.
 pub fn dumps(value: &Value) -> Vec<u8> {
@@ -95,10 +97,11 @@ impl Writer {
             Value::Str(s) => self.str(s),
             Value::List(items) => {
                 self.out.push(EMPTY_LIST);
-                // APPENDS takes a mark; pickle itself batches by 1000, any size reads back.
-                if !items.is_empty() {
+                // In batches of 1000, as Python's pickle writes them: memory_viz's own
+                // unpickler passes a batch's items as the arguments of one call.
+                for batch in items.chunks(BATCH) {
                     self.out.push(MARK);
-                    for item in items {
+                    for item in batch {
                         self.value(item);
                     }
                     self.out.push(APPENDS);
@@ -113,9 +116,9 @@ impl Writer {
             }
             Value::Dict(pairs) => {
                 self.out.push(EMPTY_DICT);
-                if !pairs.is_empty() {
+                for batch in pairs.chunks(BATCH) {
                     self.out.push(MARK);
-                    for (k, item) in pairs {
+                    for (k, item) in batch {
                         self.str(k);
                         self.value(item);
                     }
@@ -192,6 +195,7 @@ mod tests {
             ("neg", Value::Int(-(1i128 << 40))),
             ("s", "std::vector<int> é".into()),
             ("empty", Value::List(vec![])),
+            ("long", Value::List((0..2500u32).map(Value::from).collect())),
             ("tuple", Value::Tuple(vec![Value::Int(0), Value::Int(0)])),
             ("a", Value::Shared(shared.clone())),
             ("b", Value::Shared(shared)),
@@ -205,7 +209,8 @@ mod tests {
             .arg("-c")
             .arg(
                 "import pickle,sys; v=pickle.load(open(sys.argv[1],'rb')); \
-                 assert v['a'] is v['b']; print(repr(v))",
+                 assert v['a'] is v['b']; assert v.pop('long') == list(range(2500)); \
+                 print(repr(v))",
             )
             .arg(&file)
             .output()
