@@ -106,6 +106,78 @@ fn snapshot_matches_torch_npus_own() {
             &["render", ours.to_str().unwrap(), drawn.to_str().unwrap()],
         );
         eprintln!("{release}: {rendered}");
+        if let Some(viz) = memory_viz_viewer() {
+            viewer_draws_ours_as_theirs(venv, &viz, &drawn, &ours, &theirs);
+        }
+    }
+}
+
+/// PyTorch's memory_viz viewer (torch/utils/viz/MemoryViz.js, which the wheel does not ship:
+/// the pages it writes load it and d3 5 from CDNs) and d3 5's bundle, in
+/// `$MEMSCOPE_MEMORY_VIZ` or ~/.cache/memscope-bpf/memory_viz (docs/report.md says how to
+/// put them there); without them the Chromium part is SKIPPED, loudly.
+fn memory_viz_viewer() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("MEMSCOPE_MEMORY_VIZ")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/memscope-bpf/memory_viz"))
+        })?;
+    if ["MemoryViz.js", "d3.min.js"]
+        .iter()
+        .all(|f| dir.join(f).is_file())
+    {
+        return Some(dir);
+    }
+    eprintln!(
+        "SKIPPED the memory_viz pages in Chromium: no MemoryViz.js and d3.min.js in {}",
+        dir.display()
+    );
+    println!("SKIPPED memory_viz in Chromium: no viewer files");
+    None
+}
+
+/// The memory_viz viewer in headless Chromium, each view, on our snapshot's own bytes and on
+/// torch_npu's: no console error, and the same picture (as many polygons, rectangles and
+/// event lines); and the pages torch's trace_plot and segment_plot wrote open too.
+fn viewer_draws_ours_as_theirs(venv: &Path, viz: &Path, drawn: &Path, ours: &Path, theirs: &Path) {
+    use common::chromium::{dump_dom, require_chromium};
+    if !require_chromium("snapshot_matches_torch_npus_own") {
+        return;
+    }
+    check(
+        venv,
+        &[
+            "pages",
+            drawn.to_str().unwrap(),
+            viz.to_str().unwrap(),
+            ours.to_str().unwrap(),
+            theirs.to_str().unwrap(),
+        ],
+    );
+    let profile = drawn.join("chromium-profile");
+    let shape = |dom: &str| ["<polygon", "<rect", "<pre"].map(|tag| dom.matches(tag).count());
+    for view in ["timeline", "state", "segments"] {
+        let ours = shape(&dump_dom(
+            &drawn.join(format!("ours_{view}.html")),
+            &profile,
+        ));
+        let theirs = shape(&dump_dom(
+            &drawn.join(format!("theirs_{view}.html")),
+            &profile,
+        ));
+        eprintln!("memory_viz {view}: ours {ours:?}, theirs {theirs:?}");
+        assert_eq!(
+            ours, theirs,
+            "memory_viz's {view} view: polygons, rects, lines"
+        );
+        assert!(ours.iter().sum::<usize>() > 2, "{view}: nothing drawn");
+    }
+    for page in ["torch_trace_plot", "torch_segment_plot"] {
+        let dom = dump_dom(&drawn.join(format!("{page}.html")), &profile);
+        assert!(
+            shape(&dom).iter().sum::<usize>() > 2,
+            "{page}: nothing drawn"
+        );
     }
 }
 

@@ -9,6 +9,14 @@
         torch's own torch/cuda/_memory_viz.py draws OURS: trace_plot and segment_plot (HTML
         pages), memory, segments and compare (flame graph input; the flame graph itself needs
         flamegraph.pl from the network, so the folded text is kept), segsum and trace (text)
+    python snapshot_check.py pages OUTDIR VIZDIR OURS [THEIRS]
+        self-contained memory_viz pages for headless Chromium, one per view and snapshot
+        (OUTDIR/ours_VIEW.html, theirs_VIEW.html): VIZDIR holds PyTorch's
+        torch/utils/viz/MemoryViz.js and d3.min.js (d3 5, the version it imports), both
+        inlined (the pages torch writes load them from a CDN). A snapshot's own bytes are
+        embedded, read by the viewer's own unpickler as a file dropped on the memory_viz page
+        is; and the pages trace_plot and segment_plot wrote (OUTDIR/*_plot.html, from render)
+        as OUTDIR/torch_*_plot.html
 
 Only the torch wheel of the interpreter running it is used.
 """
@@ -100,11 +108,70 @@ def render(ours_path, outdir):
     print(" ".join(f"{k}={len(v)}" for k, v in outputs.items()))
 
 
+VIEWS = {
+    "timeline": "Active Memory Timeline",
+    "state": "Allocator State History",
+    "segments": "Active Cached Segment Timeline",
+}
+CDN_IMPORT = 'import {add_local_files} from "https://cdn.jsdelivr.net/gh/pytorch/pytorch@main/torch/utils/viz/MemoryViz.js"'
+
+
+def viewer(vizdir):
+    """MemoryViz.js as a module with no import (d3 comes from the inlined bundle)."""
+    import re
+    with open(os.path.join(vizdir, "MemoryViz.js")) as f:
+        js = f.read()
+    js, n = re.subn(r'^import .* from "https://cdn\.skypack\.dev/[^"]+";\n', "", js, flags=re.M)
+    if n != 5:
+        sys.exit(f"MemoryViz.js: expected its 5 d3 imports, found {n}")
+    js = js.replace("export function", "function")
+    header = "const d3 = window.d3;\nconst {axisLeft, scaleLinear, zoom, zoomIdentity, brushX} = d3;\n"
+    with open(os.path.join(vizdir, "d3.min.js")) as f:
+        d3 = f.read()
+    return d3, header + js
+
+
+def page(d3, js, body):
+    return (f"<!DOCTYPE html>\n<html>\n<head>\n<script>\n{d3}\n</script>\n</head>\n<body>\n"
+            f'<script type="module">\n{js}\n{body}\n</script>\n</body>\n</html>\n')
+
+
+def pages(outdir, vizdir, snapshots):
+    import base64
+    import json
+    d3, js = viewer(vizdir)
+    written = []
+    for who, pickle_path in zip(("ours", "theirs"), snapshots):
+        with open(pickle_path, "rb") as f:
+            raw = f.read()
+        raw += b"\x00" * (3 - len(raw) % 3)
+        files = json.dumps([{"name": os.path.basename(pickle_path), "base64": base64.b64encode(raw).decode()}])
+        for name, kind in VIEWS.items():
+            path = os.path.join(outdir, f"{who}_{name}.html")
+            with open(path, "w") as f:
+                f.write(page(d3, js, f"const local_files = {files};\nadd_local_files(local_files, {kind!r});"))
+            written.append(path)
+    for name in ("trace_plot", "segment_plot"):
+        with open(os.path.join(outdir, f"{name}.html")) as f:
+            html = f.read()
+        start, end = html.index('<script type="module">'), html.index("</script>")
+        module = html[start + len('<script type="module">'):end]
+        if CDN_IMPORT not in module:
+            sys.exit(f"{name}.html: the viewer's import line changed")
+        path = os.path.join(outdir, f"torch_{name}.html")
+        with open(path, "w") as f:
+            f.write(page(d3, js, module.replace(CDN_IMPORT, "")))
+        written.append(path)
+    print("\n".join(written))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "compare":
         compare(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "render":
         render(sys.argv[2], sys.argv[3])
+    elif cmd == "pages":
+        pages(sys.argv[2], sys.argv[3], sys.argv[4:6])
     else:
         sys.exit(f"unknown command {cmd}")
