@@ -289,7 +289,9 @@ impl Observer for AgentObserver {
             ..
         } = self;
         let t = tracked_entry(tracked, shared, state.pid);
-        if let Some(snapshots) = &shared.memory_snapshots {
+        if let Some(snapshots) = &shared.memory_snapshots
+            && rows.iter().any(SnapshotRecorder::wants)
+        {
             let mut snapshots = snapshots.lock().unwrap_or_else(|e| e.into_inner());
             let s = snapshots
                 .entry(state.pid)

@@ -110,6 +110,13 @@ impl SnapshotRecorder {
         }
     }
 
+    /// Whether [`row`](Self::row) would use this row (HAL and PTA MALLOC/FREE on a device).
+    pub fn wants(row: &Row) -> bool {
+        matches!(row.device, DeviceKey::Npu(_))
+            && matches!(row.event_type, "HAL" | "PTA")
+            && matches!(row.event, "MALLOC" | "FREE")
+    }
+
     /// Takes one written row; rows other than HAL and PTA MALLOC/FREE are passed over.
     pub fn row(&mut self, row: &Row) {
         let DeviceKey::Npu(device) = row.device else {
