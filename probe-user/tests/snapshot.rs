@@ -44,7 +44,8 @@ fn check(venv: &Path, args: &[&str]) -> String {
 }
 
 /// Launch mode, from the first tensor to the end: the same segments, blocks, actions and
-/// script lines as torch_npu's own snapshot; and memory_viz draws ours.
+/// script lines as torch_npu's own snapshot, and C frames with file:line that torch_npu's own
+/// unwinder found too; and memory_viz draws ours.
 #[test]
 fn snapshot_matches_torch_npus_own() {
     let Some(venvs) = torch_venvs("snapshot_matches_torch_npus_own") else {
@@ -59,7 +60,9 @@ fn snapshot_matches_torch_npus_own() {
         let log = dir.join("gt.log");
         let out = Command::new(TRACER)
             .env_remove("SUDO_UID")
-            .args(["-o", out_dir.to_str().unwrap(), "--memory-snapshot", "--"])
+            .args(["-o", out_dir.to_str().unwrap(), "--memory-snapshot"])
+            .arg("--call-stack=c,python")
+            .arg("--")
             .arg(venv.join("bin/python"))
             .arg(torch_script())
             .args([
@@ -97,6 +100,7 @@ fn snapshot_matches_torch_npus_own() {
                 ours.to_str().unwrap(),
                 theirs.to_str().unwrap(),
                 script.to_str().unwrap(),
+                "--c-frames",
             ],
         );
         eprintln!("{release}: {compared}");

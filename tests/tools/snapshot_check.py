@@ -1,10 +1,12 @@
 """Checks memscope-bpf's memory snapshot against the framework's own (probe-user/tests/snapshot.rs).
 
-    python snapshot_check.py compare OURS THEIRS SCRIPT
+    python snapshot_check.py compare OURS THEIRS SCRIPT [--c-frames]
         the same segments (address, total_size), the same blocks in each (address, size, state),
         the same alloc/free actions in the same order (action, address), and, for each action,
-        the same lines of SCRIPT in the Python frames (innermost first); exit 1 with the
-        differences otherwise
+        the same lines of SCRIPT in the Python frames (innermost first); with --c-frames, each
+        alloc and free whose C stack was not cut short also has C frames with file:line (the
+        symbolizer's), one of them in torch_npu's own frames where its unwinder found any
+        (2.14.0's says `<unwind unsupported>`); exit 1 with the differences otherwise
     python snapshot_check.py render OURS OUTDIR
         torch's own torch/cuda/_memory_viz.py draws OURS: trace_plot and segment_plot (HTML
         pages), memory, segments and compare (flame graph input; the flame graph itself needs
@@ -54,7 +56,12 @@ def actions(snap, script):
     return out
 
 
-def compare(ours_path, theirs_path, script):
+def c_frames(frames):
+    return {(os.path.basename(f["filename"]), f["line"], f["name"])
+            for f in frames if f["line"] > 0 and not f["filename"].endswith(".py")}
+
+
+def compare(ours_path, theirs_path, script, with_c_frames):
     ours, theirs = load(ours_path), load(theirs_path)
     bad = []
     if segments(ours) != segments(theirs):
@@ -69,6 +76,30 @@ def compare(ours_path, theirs_path, script):
         for x, y in zip(a, b):
             if x[3] != y[3]:
                 bad.append(f"{x[1]} 0x{x[2]:x}: Python frames in {script}: ours {x[3]}, theirs {y[3]}")
+    if with_c_frames and not bad:
+        ours_e = [e for t in ours["device_traces"] for e in t]
+        ours_c = [(e["action"], e["addr"], c_frames(e["frames"])) for e in ours_e]
+        theirs_c = [c_frames(e["frames"]) for t in theirs["device_traces"] for e in t]
+        cut = {i for i, e in enumerate(ours_e) if any(f["name"] == "[truncated]" for f in e["frames"])}
+        checked = 0
+        for i, ((action, addr, o), t) in enumerate(zip(ours_c, theirs_c)):
+            # A stack the tracer's copy cut short may end before any frame with a line.
+            if action not in ("alloc", "free_requested") or i in cut:
+                continue
+            if not o:
+                bad.append(f"{action} 0x{addr:x}: no C frame with file:line in ours")
+            # torch_npu's own unwinder fails on some releases (`<unwind unsupported>`): no
+            # ground truth there.
+            if not t:
+                continue
+            checked += 1
+            if not o & t:
+                bad.append(f"{action} 0x{addr:x}: no C frame with file:line in common: ours {sorted(o)}, theirs {sorted(t)}")
+        if checked == 0 and any(theirs_c):
+            bad.append("every C stack was cut short: no C frame compared")
+        print(f"C frames with file:line in common with torch_npu's: "
+              f"{sum(len(o & t) for (_, _, o), t in zip(ours_c, theirs_c))} "
+              f"({checked} actions compared, {len(cut)} with their stack cut short)")
     # The live blocks' own frames too.
     theirs_frames = {b["address"]: script_lines(b["frames"], script)
                      for s in theirs["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
@@ -168,7 +199,7 @@ def pages(outdir, vizdir, snapshots):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "compare":
-        compare(sys.argv[2], sys.argv[3], sys.argv[4])
+        compare(sys.argv[2], sys.argv[3], sys.argv[4], "--c-frames" in sys.argv[5:])
     elif cmd == "render":
         render(sys.argv[2], sys.argv[3])
     elif cmd == "pages":

@@ -378,9 +378,14 @@ fn python_frame(text: &str) -> Option<Value> {
 }
 
 /// `0xADDR function at file:line`, `0xADDR [inlined] function at file:line`,
-/// `0xADDR function`, `0xADDR lib.so+0xOFF`; `[truncated]` and the like are no frame.
+/// `0xADDR function`, `0xADDR lib.so+0xOFF`, and `[truncated]` (a frame of that name); other
+/// lines are no frame.
 fn c_frame(text: &str) -> Option<Value> {
     let text = text.trim().trim_matches('"');
+    // The stack copy ended before the stack did (docs/call-stacks.md): said where it ends.
+    if text == "[truncated]" {
+        return Some(frame("??", 0, text));
+    }
     let (addr, rest) = text.split_once(' ')?;
     if !addr.starts_with("0x") {
         return None;
