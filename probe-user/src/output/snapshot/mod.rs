@@ -80,6 +80,9 @@ struct DeviceHistory {
     blocks: BTreeMap<u64, LiveBlock>,
     trace: VecDeque<TraceEntry>,
     dropped: u64,
+    /// Pool blocks (allocations and frees) in no segment seen: left out, since memory_viz
+    /// draws every block inside its segment (a segment made before an attach).
+    outside: u64,
 }
 
 /// Builds a process's snapshot from the rows written for it, as they are written.
@@ -168,10 +171,15 @@ impl SnapshotRecorder {
                 }
             }
             ("MALLOC", true) => {
-                if let Some((&start, seg)) = dev.segments.range_mut(..=addr).next_back()
-                    && addr < start.saturating_add(seg.size)
-                    && !seg.pooled
-                {
+                let Some((&start, seg)) = dev.segments.range_mut(..=addr).next_back() else {
+                    dev.outside += 1;
+                    return;
+                };
+                if addr >= start.saturating_add(seg.size) {
+                    dev.outside += 1;
+                    return;
+                }
+                if !seg.pooled {
                     seg.pooled = true;
                     self.pooled.insert(seg.id);
                 }
@@ -180,6 +188,15 @@ impl SnapshotRecorder {
                 dev.blocks.insert(addr, LiveBlock { size, frames });
             }
             ("FREE", true) => {
+                let inside = dev
+                    .segments
+                    .range(..=addr)
+                    .next_back()
+                    .is_some_and(|(&start, seg)| addr < start.saturating_add(seg.size));
+                if !inside {
+                    dev.outside += 1;
+                    return;
+                }
                 // The free's own stack: where the last reference was dropped.
                 let frames = frames();
                 let size = dev.blocks.remove(&addr).map_or(size, |b| b.size);
@@ -233,11 +250,13 @@ impl SnapshotRecorder {
             })
             .collect();
         let dropped: u64 = self.devices.values().map(|d| d.dropped).sum();
+        let outside: u64 = self.devices.values().map(|d| d.outside).sum();
         let mut unknown: Vec<Value> = UNKNOWN.iter().map(|s| Value::from(*s)).collect();
         if self.attached {
             unknown.push(
                 "attached to a running process: segments, blocks and actions from before the \
-                 attach are not in this snapshot"
+                 attach are not in this snapshot; blocks in a segment made before it are left \
+                 out (pool_rows_outside_known_segments counts their rows)"
                     .into(),
             );
         }
@@ -256,6 +275,7 @@ impl SnapshotRecorder {
                     ("version", env!("CARGO_PKG_VERSION").into()),
                     ("attached", self.attached.into()),
                     ("dropped_trace_entries", dropped.into()),
+                    ("pool_rows_outside_known_segments", outside.into()),
                     ("unknown", Value::List(unknown)),
                 ]),
             ),

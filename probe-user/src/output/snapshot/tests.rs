@@ -160,3 +160,28 @@ fn frames_interleave_c_and_python() {
         .collect();
     assert_eq!(names, want);
 }
+
+/// A pool block in no segment seen (its segment came before an attach) is left out and
+/// counted: memory_viz draws every block inside its segment.
+#[test]
+fn blocks_outside_every_known_segment_are_counted_not_drawn() {
+    let mut r = SnapshotRecorder::new(true);
+    r.row(&row("MALLOC", "PTA", 0x5000_0000, 0x1000, ""));
+    r.row(&row("FREE", "PTA", 0x5000_0000, 0x1000, ""));
+    r.row(&row("MALLOC", "HAL", 0x1000_0000, 2 << 20, ""));
+    r.row(&row("MALLOC", "PTA", 0x1000_0000, 0x1000, ""));
+    let v = r.value();
+    assert_eq!(
+        list(&list(get(&v, "device_traces"))[0]).len(),
+        2,
+        "segment_alloc, alloc"
+    );
+    let meta = get(&v, "memscope_bpf");
+    assert_eq!(
+        get(meta, "pool_rows_outside_known_segments"),
+        &Value::Int(2)
+    );
+    assert_eq!(get(meta, "attached"), &Value::Bool(true));
+    let segs = list(get(&v, "segments"));
+    assert_eq!(get(&segs[0], "segment_type"), &Value::Str("small".into()));
+}
