@@ -198,16 +198,19 @@ fn sigusr1_snapshots_a_running_job() {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
     let (go, hold) = (dir.join("go"), dir.join("hold"));
-    let mut target = Command::new(venv.join("bin/python"))
-        .arg(torch_script())
-        .args(["--log", log.to_str().unwrap(), "--steps", "5"])
-        .args(["--wait-file", go.to_str().unwrap()])
-        .args(["--hold-file", hold.to_str().unwrap()])
-        .envs(cann_env())
-        .current_dir(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start python");
+    // A failed check must not leave the job held (nor the tracer waiting for it).
+    let mut target = StopOnDrop(
+        Command::new(venv.join("bin/python"))
+            .arg(torch_script())
+            .args(["--log", log.to_str().unwrap(), "--steps", "5"])
+            .args(["--wait-file", go.to_str().unwrap()])
+            .args(["--hold-file", hold.to_str().unwrap()])
+            .envs(cann_env())
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python"),
+    );
     let text = wait_for_text(&log, "READY", 180);
     let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
     let mut tracer = Background::spawn(&[
@@ -245,7 +248,7 @@ fn sigusr1_snapshots_a_running_job() {
     );
     fs::write(&hold, b"").unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while target.try_wait().unwrap().is_none() {
+    while target.0.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "the script did not end");
         std::thread::sleep(Duration::from_millis(50));
     }
