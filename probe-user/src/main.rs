@@ -290,6 +290,7 @@ fn run(opts: Options) -> Result<u8> {
             .max_file_mib
             .map(|m| (u64::from(m) << 20, opts.max_files)),
         observer: None,
+        snapshot: opts.memory_snapshot,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -151,11 +151,42 @@ pub fn route(
                 body,
             }
         }
+        "/debug/memory_snapshot" => memory_snapshot(shared, query),
         "/" => text(
             200,
-            "memscope-bpf agent\n/metrics\n/ready\n/debug/pprof/heap[?pid=PID]\n",
+            "memscope-bpf agent\n/metrics\n/ready\n/debug/pprof/heap[?pid=PID]\n\
+             /debug/memory_snapshot?pid=PID\n",
         ),
         _ => text(404, "not found; see /\n"),
+    }
+}
+
+/// `/debug/memory_snapshot?pid=PID` (`--memory-snapshot`): the pickle for memory_viz.
+fn memory_snapshot(shared: &Shared, query: &str) -> Response {
+    let Some(snapshots) = &shared.memory_snapshots else {
+        return text(
+            404,
+            "memory snapshots are off: start the agent with --memory-snapshot\n",
+        );
+    };
+    let pid = match query.split('&').find_map(|kv| kv.strip_prefix("pid=")) {
+        Some(v) => match v.parse::<u32>() {
+            Ok(pid) => pid,
+            Err(_) => return text(400, "pid must be a process id\n"),
+        },
+        None => return text(400, "which process? /debug/memory_snapshot?pid=PID\n"),
+    };
+    let snapshots = snapshots.lock().unwrap_or_else(|e| e.into_inner());
+    match snapshots.get(&pid) {
+        Some(s) => Response {
+            status: 200,
+            content_type: "application/octet-stream",
+            body: s.pickle(),
+        },
+        None => text(
+            404,
+            format!("no framework memory seen in traced process {pid}\n"),
+        ),
     }
 }
 

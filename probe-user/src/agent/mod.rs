@@ -108,7 +108,10 @@ fn run(opts: &AgentOptions) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the agent needs root (CAP_BPF and CAP_PERFMON) to load BPF programs");
     }
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        memory_snapshots: opts.memory_snapshot.then(Default::default),
+        ..Shared::default()
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     raise_fd_limit();
     // Before the server's thread: the watchdog is forked while we have one thread.
@@ -270,6 +273,7 @@ fn trace(
         mixed: python_depth.is_some(),
         rotate: None,
         observer: Some(Box::new(observer)),
+        snapshot: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

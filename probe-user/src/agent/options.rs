@@ -17,6 +17,9 @@ ENDPOINTS:
     /debug/pprof/heap             node-wide heap profile (inuse_space, inuse_objects,
                                   alloc_space, alloc_objects), gzipped profile.proto
     /debug/pprof/heap?pid=PID     the same for one process
+    /debug/memory_snapshot?pid=PID
+                                  (--memory-snapshot) the process's PyTorch memory snapshot,
+                                  a pickle for memory_viz (python -m torch.cuda._memory_viz)
 
 SIGTERM, SIGINT or SIGHUP detaches the probes and exits 0. There is no authentication: every
 local user (every client, with a non-loopback --listen) reads every traced process's names,
@@ -82,6 +85,12 @@ pub struct AgentOptions {
     #[arg(long, value_name = "N", default_value = "256",
         value_parser = |v: &str| number(v, "a process count", 0..=u64::MAX).map(|n| n as usize))]
     pub max_exited: usize,
+    /// Keep each traced process's PyTorch memory snapshot (the pickle of
+    /// torch's _dump_snapshot(), for memory_viz), served at
+    /// /debug/memory_snapshot?pid=PID; the newest 10000 actions per
+    /// device are kept, and frames only for sampled stacks
+    #[arg(long, verbatim_doc_comment)]
+    pub memory_snapshot: bool,
     /// On shutdown, write the node's heap profile (gzipped profile.proto,
     /// the same as /debug/pprof/heap) to FILE
     #[arg(long, value_name = "FILE", verbatim_doc_comment)]

@@ -18,6 +18,7 @@ use std::{
 use crate::{
     events::decode::{Call, CallEvent},
     log,
+    output::snapshot::{self, SnapshotRecorder},
     output::{DeviceKey, Row},
     session::Observer,
     state::{AddrHash, Block, ProcessState},
@@ -95,6 +96,9 @@ pub struct Shared {
     /// Events seen and lost by the BPF side, updated at each snapshot.
     pub events: AtomicU64,
     pub lost: AtomicU64,
+    /// `--memory-snapshot`: each live process's PyTorch memory snapshot
+    /// (/debug/memory_snapshot?pid=PID).
+    pub memory_snapshots: Option<Mutex<HashMap<u32, SnapshotRecorder>>>,
 }
 
 /// One device's exact counters in a process.
@@ -307,6 +311,15 @@ impl Observer for AgentObserver {
             ..
         } = self;
         let t = tracked_entry(tracked, held_names, shared, state.pid);
+        if let Some(snapshots) = &shared.memory_snapshots
+            && rows.iter().any(SnapshotRecorder::wants)
+        {
+            let mut snapshots = snapshots.lock().unwrap_or_else(|e| e.into_inner());
+            let s = snapshots
+                .entry(state.pid)
+                .or_insert_with(|| SnapshotRecorder::keeping(true, snapshot::AGENT_TRACE_ENTRIES));
+            rows.iter().for_each(|r| s.row(r));
+        }
         for r in rows {
             let is_malloc = match r.event {
                 "MALLOC" => true,
@@ -369,6 +382,10 @@ impl Observer for AgentObserver {
         let mut s = self.snapshot(state);
         s.exited = Some(Instant::now());
         self.tracked.remove(&state.pid);
+        if let Some(snapshots) = &self.shared.memory_snapshots {
+            let mut snapshots = snapshots.lock().unwrap_or_else(|e| e.into_inner());
+            snapshots.remove(&state.pid);
+        }
         if self.last_received == Some(state.pid) {
             self.last_received = None;
         }

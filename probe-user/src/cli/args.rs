@@ -265,6 +265,14 @@ pub struct Options {
     #[arg(long = "report", value_name = "FILE", help_heading = "OUTPUT", require_equals = true,
         value_parser = Check(v::output_file), verbatim_doc_comment)]
     pub report_at_end: Option<Option<PathBuf>>,
+
+    /// Keep each traced process's PyTorch memory snapshot (the
+    /// pickle of torch's _dump_snapshot(), for memory_viz) and
+    /// write it as memory_snapshot.pickle in the process's
+    /// directory when it ends; SIGUSR1 to memscope-bpf writes one
+    /// of every live process now (memory_snapshot_<TIME>.pickle)
+    #[arg(long, help_heading = "OUTPUT", verbatim_doc_comment)]
+    pub memory_snapshot: bool,
 }
 
 #[derive(Subcommand, Debug)]

@@ -630,6 +630,8 @@ fn report_mode() {
         Some(Some(PathBuf::from(&out)))
     );
     assert_eq!(ok(&["--", "true"]).report_at_end, None);
+    assert!(ok(&["--memory-snapshot", "--", "true"]).memory_snapshot);
+    assert!(!ok(&["--", "true"]).memory_snapshot);
     assert!(help_text().contains("report --input-path"));
 }
 

@@ -6,7 +6,8 @@
 //! ([`db`]), the Attr text as JSON ([`attr`]), files created without clobbering ([`fsutil`]),
 //! the leak report of the blocks still live when a process ends ([`leaks`]), and the files of
 //! the analyses (`decompose.rs`: `Decompose::write_csv`), and msMemScope's rules for output
-//! paths, checked when the command line is read ([`paths`]).
+//! paths, checked when the command line is read ([`paths`]), and PyTorch memory snapshots of
+//! the rows written ([`snapshot`]).
 //!
 //! Uses `state` (rows, live blocks), `analysis` (what to write), `settings`, `digits` and `log`.
 //! Never `trace`, `events`, `session`, `report`, `agent`, nor the front end `cli`: config.json
@@ -20,6 +21,7 @@ mod decompose;
 pub mod fsutil;
 pub mod leaks;
 pub mod paths;
+pub mod snapshot;
 
 pub use crate::state::{DeviceKey, Row};
 pub use csv::ProcessOutput;

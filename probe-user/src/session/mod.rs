@@ -21,6 +21,7 @@ use crate::events::pystacks::{PyStack, PyStacks};
 use crate::events::stacks::{StackResolver, StackSample};
 use crate::log;
 use crate::output::leaks::{LeakCause, ProcessLeaks};
+use crate::output::snapshot::SnapshotRecorder;
 use crate::output::{ProcessOutput, Row};
 use crate::settings::DataFormat;
 use crate::state::{AddrHash, ProcessState, ProcessStats, TrackOptions};
@@ -72,6 +73,9 @@ pub struct SessionConfig {
     /// The node agent (`agent/`): sees every process's state instead of files being written,
     /// runs until a signal, and lets exited processes go.
     pub observer: Option<Box<dyn Observer>>,
+    /// `--memory-snapshot`: keep each process's PyTorch memory snapshot, written when it ends and
+    /// on SIGUSR1.
+    pub snapshot: bool,
 }
 
 /// What a long-running consumer of the tracked state (the node agent) hooks into the session.
@@ -153,6 +157,8 @@ struct Traced {
     /// Rows dated after the call that made them (an operator's end row, made at its start's
     /// turn), sorted by time: written once the calls before them are.
     later_rows: Vec<Row>,
+    /// `--memory-snapshot`: the memory snapshot built from the rows written.
+    snapshot: Option<SnapshotRecorder>,
 }
 
 impl Traced {
@@ -161,6 +167,9 @@ impl Traced {
     fn write_rows(&mut self, now: u64, rows: &[Row]) {
         let due = self.later_rows.partition_point(|r| r.ts_ns <= now);
         for row in self.later_rows.drain(..due) {
+            if let Some(s) = &mut self.snapshot {
+                s.row(&row);
+            }
             if let Err(e) = self.out.write_ref(&row) {
                 log::error(&format!("{e:#}"));
             }
@@ -169,8 +178,39 @@ impl Traced {
             if row.ts_ns > now {
                 let at = self.later_rows.partition_point(|r| r.ts_ns <= row.ts_ns);
                 self.later_rows.insert(at, row.clone());
-            } else if let Err(e) = self.out.write_ref(row) {
+                continue;
+            }
+            if let Some(s) = &mut self.snapshot {
+                s.row(row);
+            }
+            if let Err(e) = self.out.write_ref(row) {
                 log::error(&format!("{e:#}"));
+            }
+        }
+    }
+
+    /// Writes the memory snapshot as it stands (`--memory-snapshot`), if a pool block was seen.
+    fn write_snapshot(&mut self, pid: u32, stem: &str) {
+        let Some(s) = &self.snapshot else {
+            return;
+        };
+        if !s.has_pool() {
+            log::info(&format!(
+                "pid {pid}: no memory snapshot: no framework pool block seen (yet)"
+            ));
+            return;
+        }
+        match s.write(&mut self.out, stem) {
+            Ok((path, size)) => log::info(&format!(
+                "pid {pid}: memory snapshot {} ({})",
+                path.display(),
+                crate::output::leaks::human_bytes(size)
+            )),
+            Err(e) => {
+                log::error(&format!(
+                    "cannot write the memory snapshot of pid {pid}: {e:#}"
+                ));
+                self.out.note_failure(&e);
             }
         }
     }
@@ -250,6 +290,25 @@ impl Session {
         }
     }
 
+    /// SIGUSR1: each live process's memory snapshot as it stands now (rows up to the reorder
+    /// window before the signal), in `memory_snapshot_<time>.pickle`.
+    fn snapshot_now(&mut self) -> Result<()> {
+        if !self.cfg.snapshot {
+            log::warn("received SIGUSR1: no memory snapshot is kept; run with --memory-snapshot");
+            return Ok(());
+        }
+        self.release(false)?;
+        let stem = format!("memory_snapshot_{}", crate::output::local_timestamp());
+        for pid in self.order.clone() {
+            if let Some(t) = self.procs.get_mut(&pid)
+                && !t.finished
+            {
+                t.write_snapshot(pid, &stem);
+            }
+        }
+        Ok(())
+    }
+
     pub async fn run(mut self, ring: RingBuf<MapData>) -> Result<SessionResult> {
         raise_consumer_priority();
         // SAFETY: the ring buffer owns its fd and outlives the registration (both are dropped here).
@@ -259,6 +318,9 @@ impl Session {
         // A closed terminal (an SSH session that drops) ends the run as Ctrl-C does: detach,
         // write what was collected, not die with nothing written.
         let mut sighup = signal(SignalKind::hangup())?;
+        // SIGUSR1 writes each live process's memory snapshot now (`--memory-snapshot`); without it
+        // the signal is only noted, never the default action (which would end the tracer).
+        let mut sigusr1 = signal(SignalKind::user_defined1())?;
         let mut tick = tokio::time::interval(TICK);
         let mut flush_tick = tokio::time::interval(flush_every(self.bpf.cpu_count()));
         flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -321,6 +383,7 @@ impl Session {
                 _ = sigint.recv() => break EndReason::Signal(libc::SIGINT),
                 _ = sigterm.recv() => break EndReason::Signal(libc::SIGTERM),
                 _ = sighup.recv() => break EndReason::Signal(libc::SIGHUP),
+                _ = sigusr1.recv() => self.snapshot_now()?,
             }
         };
         if let EndReason::Signal(sig) = end {

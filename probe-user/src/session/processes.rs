@@ -7,6 +7,7 @@ use crate::log;
 use crate::output::ProcessOutput;
 use crate::output::leaks;
 use crate::output::leaks::{LeakCause, ProcessLeaks};
+use crate::output::snapshot::SnapshotRecorder;
 use crate::state::ProcessState;
 use anyhow::Result;
 
@@ -107,6 +108,10 @@ impl Session {
                 finished: false,
                 applied_ts: 0,
                 later_rows: Vec::new(),
+                // Launch mode sees the process from its start; --pid joins it running.
+                snapshot: cfg
+                    .snapshot
+                    .then(|| SnapshotRecorder::new(cfg.child.is_none())),
             }
         })
     }
@@ -188,6 +193,7 @@ impl Session {
                 }
             }
         }
+        t.write_snapshot(pid, "memory_snapshot");
         if let Err(e) = t.out.finish() {
             log::error(&format!("{e:#}"));
         }
