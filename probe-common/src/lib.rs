@@ -94,8 +94,15 @@ pub mod packed {
 /// CALL or CHUNK events of the same call on the same thread (see [`StackEvent`]).
 pub const STACK_KIND: u16 = 7;
 
-/// Bytes of user stack copied from the stack pointer up (fewer near the top of the stack).
+/// Bytes of user stack copied from the stack pointer up (fewer near the top of the stack)
+/// when nothing says how deep the stack is.
 pub const STACK_COPY: usize = 8192;
+/// The most a copy may hold: when the call's Python stack was walked too, the copy reaches
+/// past the outermost interpreter loop on the C stack, however deep (real PyTorch puts the
+/// loop 9.4 KiB above torch_npu's allocator), up to this.
+pub const STACK_COPY_MAX: usize = 64 * 1024;
+/// Bytes copied past that interpreter loop's frame: its callers down to the thread's start.
+pub const STACK_COPY_TAIL: usize = 4096;
 /// Return addresses the kernel's frame-pointer walk (`bpf_get_stack`) may record.
 pub const FP_FRAMES: usize = 127;
 
@@ -126,11 +133,11 @@ pub struct StackEvent {
     pub stack_len: u32,
     pub _pad2: u32,
     pub frames: [u64; FP_FRAMES + 1],
-    pub stack: [u8; STACK_COPY],
+    pub stack: [u8; STACK_COPY_MAX],
 }
 
 /// Size of a [`StackEvent`] without its stack copy.
-pub const STACK_HEADER: usize = core::mem::size_of::<StackEvent>() - STACK_COPY;
+pub const STACK_HEADER: usize = core::mem::size_of::<StackEvent>() - STACK_COPY_MAX;
 
 /// A Python stack sample (`--call-stack=python`): the calling thread's CPython frame chain,
 /// emitted just before the CALL or CHUNK events of the same call, like a [`StackEvent`]. User

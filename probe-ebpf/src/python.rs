@@ -82,18 +82,36 @@ pub fn runs_python(tgid: u32) -> bool {
     offsets().python_stacks != 0 && unsafe { PY_PROCS.get(&tgid) }.is_some()
 }
 
-/// Sends the Python stack of the current thread if its process runs a known CPython.
+/// Where on the current thread's C stack the outermost interpreter loop running the Python
+/// frames just sent keeps its state (an address above the stack pointer; 0: none found), left
+/// here by [`emit_python_stack`] for the C stack copy that follows, which reaches past it.
+#[map]
+pub(crate) static PY_LOOP_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Sends the Python stack of the current thread if its process runs a known CPython, and
+/// when `find_loops` asks, leaves where its interpreter loops are in [`PY_LOOP_AT`].
 #[inline(never)]
-pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
+pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool) {
+    if let Some(slot) = PY_LOOP_AT.get_ptr_mut(0) {
+        unsafe { *slot = 0 };
+    }
+    let loop_at = walk_python_stack(tgid, tid, ts_ns, sp, find_loops);
+    if let Some(slot) = PY_LOOP_AT.get_ptr_mut(0) {
+        unsafe { *slot = loop_at };
+    }
+}
+
+#[inline(always)]
+fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool) -> u64 {
     if offsets().python_stacks == 0 {
-        return;
+        return 0;
     }
     let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
-        return;
+        return 0;
     };
     let p = *p;
     let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
-        return;
+        return 0;
     };
     let ev = unsafe { &mut *ev };
     ev.kind = PYSTACK_KIND;
@@ -106,9 +124,10 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
     if ev.tstate == 0 {
         ev.flags |= py_flags::NO_THREAD_STATE;
         output(ev, 0);
-        return;
+        return 0;
     }
-    let first = match read_u64(ev.tstate + p.tstate_frame as u64) {
+    let top = read_u64(ev.tstate + p.tstate_frame as u64);
+    let first = match top {
         Some(f) if p.cframe_current_frame == PY_NO_OFFSET => Some(f),
         Some(cframe) if cframe != 0 => read_u64(cframe + p.cframe_current_frame as u64),
         Some(_) => Some(0),
@@ -117,13 +136,15 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
     let Some(first) = first else {
         ev.flags |= py_flags::READ_FAULT;
         output(ev, 0);
-        return;
+        return 0;
     };
     let mut walk = FrameWalk {
         p,
         frame: first,
         n: 0,
         tgid,
+        last_entry: 0,
+        find_loops: find_loops as u32,
     };
     unsafe {
         bpf_loop(
@@ -137,6 +158,65 @@ pub fn emit_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64) {
     let n = if n > PY_MAX_FRAMES { PY_MAX_FRAMES } else { n };
     ev.nframes = n as u16;
     output(ev, n);
+    if !find_loops {
+        return 0;
+    }
+    // The loops are found in the walks without comparing addresses there: a comparison in a
+    // `bpf_loop` callback ties its iterations' states together and the verifier can no longer
+    // prune them. Whether the address is on this stack is decided here, once.
+    let outermost = match top {
+        // 3.11, 3.12: each interpreter loop keeps its `_PyCFrame` on its own C stack frame,
+        // linked outwards by `previous` (which follows `current_frame` in both) to the thread
+        // state's `root_cframe` (in the heap), whose `previous` is NULL: the outermost loop's
+        // is the one before it.
+        Some(cframe) if p.cframe_current_frame != PY_NO_OFFSET => {
+            let mut loops = LoopWalk {
+                cframe,
+                previous: p.cframe_current_frame as u64 + 8,
+                before_last: 0,
+                last: 0,
+            };
+            unsafe {
+                bpf_loop(
+                    PY_MAX_FRAMES as u32,
+                    loop_step as *mut c_void,
+                    &mut loops as *mut LoopWalk as *mut c_void,
+                    0,
+                )
+            };
+            loops.before_last
+        }
+        // 3.13: each loop's entry frame is on its C stack; the walk goes outwards.
+        _ => walk.last_entry,
+    };
+    if outermost > sp { outermost } else { 0 }
+}
+
+#[repr(C)]
+struct LoopWalk {
+    cframe: u64,
+    previous: u64,
+    /// The last two `_PyCFrame`s of the chain.
+    before_last: u64,
+    last: u64,
+}
+
+/// One `_PyCFrame` of the chain. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn loop_step(_index: u32, ctx: *mut c_void) -> i64 {
+    let w = unsafe { &mut *(ctx as *mut LoopWalk) };
+    if w.cframe == 0 {
+        return 1;
+    }
+    w.before_last = w.last;
+    w.last = w.cframe;
+    match read_u64(w.cframe + w.previous) {
+        Some(previous) => {
+            w.cframe = previous;
+            0
+        }
+        None => 1,
+    }
 }
 
 #[inline(always)]
@@ -332,7 +412,13 @@ struct FrameWalk {
     frame: u64,
     n: u32,
     tgid: u32,
+    /// 3.13: the last entry frame of an interpreter loop seen (on the C stack).
+    last_entry: u64,
+    find_loops: u32,
 }
+
+/// `_PyInterpreterFrame.owner` of an interpreter loop's entry frame (3.12+: on its C stack).
+const FRAME_OWNED_BY_CSTACK: u64 = 3;
 
 /// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
 #[inline(always)]
@@ -384,6 +470,9 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     let mut meta = field_u8(buf, w.p.frame_owner);
     if w.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, w.p.frame_is_entry) != 0 {
         meta |= 1 << 8;
+    }
+    if w.find_loops != 0 && meta & 0xff == FRAME_OWNED_BY_CSTACK {
+        w.last_entry = w.frame;
     }
     let code = field_u64(buf, w.p.frame_code);
     // The code object's identity now: it may be freed before user space reads it.

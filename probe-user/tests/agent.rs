@@ -1032,16 +1032,13 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
             .map(|a| a["bytes"].parse::<u64>().unwrap())
             .sum();
         assert!(made > 0);
-        if stacks_outgrow_the_copy(&release) {
-            // Some blocks' stacks end before the interpreter: fewer bytes reach `alloc`.
-            assert!(cum("alloc") > 0, "{release}: {top:?}");
-        } else {
-            assert!(
-                cum("alloc") >= made,
-                "{release}: alloc() made {made} bytes, pprof says {}:\n{top:?}",
-                cum("alloc")
-            );
-        }
+        // Every block's stack reaches the interpreter (the copy goes past its outermost
+        // loop), however deep the release's allocator path.
+        assert!(
+            cum("alloc") >= made,
+            "{release}: alloc() made {made} bytes, pprof says {}:\n{top:?}",
+            cum("alloc")
+        );
         // (`<lambda>` and `<module>` are there too, but pprof's name simplification, made
         // for C++ templates, shows them as `<unknown>`.)
         assert!(cum("main") >= cum("alloc"), "{top:?}");

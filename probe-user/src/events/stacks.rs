@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    mem::offset_of,
     sync::{Arc, mpsc},
     thread,
 };
@@ -14,7 +15,7 @@ use memscope_symbols::{
     Arch, Frame, ProcessView, Regs, StackSnapshot, StopReason, Symbolizer, UnwindOptions,
     format_stack, unwind,
 };
-use probe_common::{FP_FRAMES, STACK_COPY, STACK_HEADER, STACK_KIND, StackEvent};
+use probe_common::{FP_FRAMES, STACK_COPY_MAX, STACK_HEADER, STACK_KIND, StackEvent};
 
 /// One stack sample as BPF captured it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,24 +35,43 @@ pub struct StackSample {
     pub stack: Vec<u8>,
 }
 
+/// The fixed part of a STACK record.
+struct StackHead {
+    pid: u32,
+    tid: u32,
+    ts_ns: u64,
+    ip: u64,
+    sp: u64,
+    fp: u64,
+    lr: u64,
+    frames: Vec<u64>,
+}
+
 /// Parses a STACK record; `None` for anything else or a malformed one.
 pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
     if bytes.len() < STACK_HEADER || u16::from_ne_bytes([bytes[0], bytes[1]]) != STACK_KIND {
         return None;
     }
-    let mut head = [0u8; STACK_HEADER];
-    head.copy_from_slice(&bytes[..STACK_HEADER]);
-    // SAFETY: the header bytes are a prefix of a repr(C) struct of integers; the stack part of
-    // the struct is left zeroed and read from `bytes` below.
-    let ev: StackEvent = unsafe {
-        let mut ev = std::mem::MaybeUninit::<StackEvent>::zeroed();
-        std::ptr::copy_nonoverlapping(head.as_ptr(), ev.as_mut_ptr() as *mut u8, STACK_HEADER);
-        ev.assume_init()
-    };
-    let nframes = (ev.nframes as usize).min(FP_FRAMES + 1);
-    let stack_len = (ev.stack_len as usize)
-        .min(STACK_COPY)
+    // The fields are read where the repr(C) struct puts them (the struct itself holds a
+    // 64 KiB stack buffer: no copy of it is made per record).
+    let u16_at = |off: usize| u16::from_ne_bytes(bytes[off..off + 2].try_into().unwrap());
+    let u32_at = |off: usize| u32::from_ne_bytes(bytes[off..off + 4].try_into().unwrap());
+    let u64_at = |off: usize| u64::from_ne_bytes(bytes[off..off + 8].try_into().unwrap());
+    let nframes = (u16_at(offset_of!(StackEvent, nframes)) as usize).min(FP_FRAMES + 1);
+    let frames_at = offset_of!(StackEvent, frames);
+    let stack_len = (u32_at(offset_of!(StackEvent, stack_len)) as usize)
+        .min(STACK_COPY_MAX)
         .min(bytes.len() - STACK_HEADER);
+    let ev = StackHead {
+        pid: u32_at(offset_of!(StackEvent, pid)),
+        tid: u32_at(offset_of!(StackEvent, tid)),
+        ts_ns: u64_at(offset_of!(StackEvent, ts_ns)),
+        ip: u64_at(offset_of!(StackEvent, ip)),
+        sp: u64_at(offset_of!(StackEvent, sp)),
+        fp: u64_at(offset_of!(StackEvent, fp)),
+        lr: u64_at(offset_of!(StackEvent, lr)),
+        frames: (0..nframes).map(|i| u64_at(frames_at + 8 * i)).collect(),
+    };
     Some(StackSample {
         pid: ev.pid,
         tid: ev.tid,
@@ -60,7 +80,7 @@ pub fn sample_from_bytes(bytes: &[u8]) -> Option<StackSample> {
         sp: ev.sp,
         fp: ev.fp,
         lr: ev.lr,
-        fp_frames: ev.frames[..nframes].to_vec(),
+        fp_frames: ev.frames,
         stack: bytes[STACK_HEADER..STACK_HEADER + stack_len].to_vec(),
     })
 }

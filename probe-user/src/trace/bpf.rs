@@ -677,10 +677,18 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 /// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
 /// process-tree tracepoints.
 fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> Result<Ebpf> {
+    // A stack sample's scratch space per CPU (66 KiB each), only when stacks are taken.
+    let stack_slots = match offsets.capture_stacks {
+        0 => 1,
+        _ => aya::util::nr_cpus()
+            .map_err(|(path, e)| anyhow!("cannot read the possible CPUs from {path}: {e}"))?
+            as u32,
+    };
     let mut ebpf = EbpfLoader::new()
         .override_global("TP_OFFSETS", offsets, true)
         .override_global(aya_log::LEVEL, &log_level, true)
         .map_max_entries("EVENTS", ring_bytes)
+        .map_max_entries("STACK_SCRATCH", stack_slots)
         // PENDING_STACKS is task-local storage, which aya 0.14 creates but has no type for;
         // only the BPF side uses it.
         .allow_unsupported_maps()

@@ -78,15 +78,6 @@ pub fn bed_release(venv: &Path) -> String {
     venv.file_name().unwrap().to_string_lossy().into_owned()
 }
 
-/// Releases whose allocator path from Python down to the report function is deeper than the
-/// 8 KiB stack copy (`probe_common::STACK_COPY`) for some tensors: gdb puts torch_npu 2.14.0's
-/// interpreter loop 9.4 KiB above the report function under `torch.ones`, and 2.8.0.post4's
-/// 9272 bytes (2.8.0.post2's: 7768), so some C stacks end (`[truncated]`) before any Python
-/// frame.
-pub fn stacks_outgrow_the_copy(release: &str) -> bool {
-    release.ends_with("npu-2.14.0") || release.ends_with("npu-2.8.0.post4")
-}
-
 /// capstone's reading of one torch_npu release (report function's file offset, `MemoryUsage`
 /// layout, direct callers) in the release matrix's table (tests/tools/torch_npu_reading.py,
 /// real_torch_matrix.rs): the independent figures for releases gdb and objdump did not read.
