@@ -318,7 +318,7 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     ];
     // Started once the images exist: its discovery would otherwise see the copies being
     // written and probe them ahead of their containers.
-    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    let mut agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
     let mut jobs = Vec::new();
     for (cg, image, log, _) in &containers {
         let go = log.with_extension("go");
@@ -498,7 +498,7 @@ fn agent_never_holds_a_process_that_opens_no_vendor_library() {
     let dir = scratch("agent-no-hold");
     let plugins = copies(&dir, "libplugin.so", 20);
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    let agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
 
     // Twenty shared objects the agent never saw, none of them a vendor library.
     let (gate, count) = (dir.join("plain.go"), dir.join("plain.count"));
@@ -545,7 +545,7 @@ fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
     let _g = serial();
     let dir = scratch("agent-frozen-hold");
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let mut agent = TestAgent::start_with_defaults(&[]);
+    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
     let (gate, count) = (dir.join("go"), dir.join("count"));
     let (mut job, pid) = start_counting(&dir, &gate, &count, &hal);
     let agent_pid = agent.pid() as i32;
@@ -650,7 +650,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
     for lib in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
         std::fs::copy(build.join("lib").join(lib), dir.join("lib").join(lib)).unwrap();
     }
-    let mut agent = TestAgent::start_with_defaults(&[]);
+    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
     let log = dir.join("gt.log");
     let started = Instant::now();
     let out = Command::new(dir.join("bin/workload"))
@@ -702,7 +702,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
 }
 
 /// The real framework under the hold: held at each vendor library it opens (libtorch_npu.so
-/// too), it still runs, and every PTA byte is seen. (It passes with `--no-hold` as well: its
+/// too), it still runs, and every PTA byte is seen. (It passes without `--hold` as well: its
 /// first tensor comes seconds after its libraries are opened, time enough for the agent.)
 #[test]
 fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
@@ -721,7 +721,7 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
         .status()
         .unwrap();
     assert!(copied.success());
-    let mut agent = TestAgent::start_with_defaults(&[]);
+    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
     let venv = &venvs[0];
     let release = bed_release(venv);
     let (log, hold) = (dir.join("gt.log"), dir.join("hold"));
@@ -782,4 +782,49 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
     {
         eprintln!("{l}");
     }
+}
+
+/// Two tracers on one node: the agent with its defaults beside a launch-mode session of a job
+/// that loads the HAL at once. The session holds its process at the HAL's open until its own
+/// probes are in place; an agent holding it too (`--hold`) would continue it first and the
+/// session would miss its first allocations (14 of 16 when seen). Every allocation is the
+/// session's.
+#[test]
+fn a_default_agent_leaves_a_launch_session_whole() {
+    const TEST: &str = "a_default_agent_leaves_a_launch_session_whole";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-beside-session");
+    let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
+    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    let (log, out) = (dir.join("job.log"), dir.join("out"));
+    let run = run_tracer(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        fixtures().join("bin/workload_dlopen").to_str().unwrap(),
+        "--lib-path",
+        hal.to_str().unwrap(),
+        "--allocs",
+        "12",
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (_, allocs) = log_live_by_device(&log);
+    assert_eq!(allocs, 12, "{}", log.display());
+    let dumps = find_files(&out, "memscope_dump_");
+    let dump = dumps.first().expect("no dump: the session saw no call");
+    let dump = std::fs::read_to_string(dump).unwrap();
+    let traced = dump.lines().filter(|l| l.contains(",MALLOC,HAL,")).count();
+    assert_eq!(traced as u64, allocs, "the session's allocations:\n{dump}");
+    let (code, text) = agent.stop();
+    assert_eq!(code, Some(0), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

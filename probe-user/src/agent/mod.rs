@@ -20,10 +20,11 @@
 //!   the `Accept` header asks for it, else the 0.0.4 text format), `/ready`,
 //!   `/debug/pprof/heap` (`pprof.rs`, gzipped profile.proto).
 //!
-//! * the hold (`trace::hold`): a process that opens a vendor library not yet probed for it
-//!   is stopped at that open until the file's probes are in place, so no job's first
-//!   allocation is missed; a watchdog (`trace::watchdog`, given the `HELD` map) continues
-//!   held processes if the agent freezes or dies. `--no-hold` turns it off. No other
+//! * the hold (`trace::hold`, `--hold`): a process that opens a vendor library not yet
+//!   probed for it is stopped at that open until the file's probes are in place, so no job's
+//!   first allocation is missed; a watchdog (`trace::watchdog`, given the `HELD` map)
+//!   continues held processes if the agent freezes or dies. Off by default (it would release
+//!   early a process that a launch or `--pid` session holds at the same open); then no
 //!   process is ever stopped or signalled (`stop_on_discovery` stays off).
 //!
 //! A second front end beside `main`: uses `session`, `trace`, `events`, `state`, `analysis`
@@ -161,21 +162,20 @@ type Loaded = (
     Option<Watchdog>,
 );
 
-/// Loads the BPF side, with the hold at vendor library opens and its watchdog unless
-/// `--no-hold`.
+/// Loads the BPF side, with the hold at vendor library opens and its watchdog when `--hold`.
 fn load(opts: &AgentOptions) -> Result<Loaded> {
     let tracefs = tracefs::ensure_mounted()?;
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    offsets.hold_vendor_opens = (!opts.no_hold) as u32;
+    offsets.hold_vendor_opens = opts.hold as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
     offsets.python_stacks =
         python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     let mut watchdog = None;
-    if !opts.no_hold {
+    if opts.hold {
         let holds = hold::Holds::new(&mut bpf, &hold::vendor_names(&opts.libs))?;
         watchdog = Some(Watchdog::start_for_holds(holds.held_map_fd())?);
         bpf.holds = Some(holds);

@@ -95,12 +95,14 @@ pub struct AgentOptions {
     /// the same as /debug/pprof/heap) to FILE
     #[arg(long, value_name = "FILE", verbatim_doc_comment)]
     pub heap_profile_out: Option<PathBuf>,
-    /// Never hold a process: by default one that opens a vendor library
-    /// not yet probed for it stops at that open until its probes are in
-    /// place (bounded by a watchdog; docs/agent.md). With this, its first
-    /// calls may be missed
+    /// Hold a process that opens a vendor library not yet probed for it
+    /// at that open until its probes are in place (bounded by a
+    /// watchdog), so a job's first calls are seen (docs/agent.md). Off by
+    /// default: a `memscope-bpf` launch or --pid session on the same node
+    /// holds its processes at the same opens, and the agent's release
+    /// would let them run before that session's probes are in place
     #[arg(long, verbatim_doc_comment)]
-    pub no_hold: bool,
+    pub hold: bool,
     /// BPF ring buffer size in MiB, a power of two [default: 64]
     #[arg(long, value_name = "N", default_value = "64", value_parser = parse_ring_buffer)]
     pub ring_buffer_mib: u32,
