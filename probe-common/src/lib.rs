@@ -551,7 +551,9 @@ pub struct TracepointOffsets {
     /// `HELD`, until user space has attached that file's probes.
     pub hold_vendor_opens: u32,
     /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
-    /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding.
+    /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding (past
+    /// the outermost interpreter loop under a Python call), 3 as 2 with an 8 KiB copy always
+    /// (the design before, for the benchmark).
     pub capture_stacks: u32,
     /// Not 0: a Python stack sample with every traced call of a process in `PY_PROCS`
     /// (`--call-stack=python:N`), of at most this many frames (and `PY_MAX_FRAMES`).

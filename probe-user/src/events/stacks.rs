@@ -35,6 +35,20 @@ pub struct StackSample {
     pub stack: Vec<u8>,
 }
 
+/// STACK records that carried a copy of the user stack, and the bytes copied in all (the
+/// end-of-run summary and `cargo xtask bench --only stacks` read them).
+pub static STACK_COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static STACK_COPY_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts one sample's stack copy in [`STACK_COPIES`] and [`STACK_COPY_BYTES`].
+pub fn count_copy(sample: &StackSample) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if !sample.stack.is_empty() {
+        STACK_COPIES.fetch_add(1, Relaxed);
+        STACK_COPY_BYTES.fetch_add(sample.stack.len() as u64, Relaxed);
+    }
+}
+
 /// The fixed part of a STACK record.
 struct StackHead {
     pid: u32,

@@ -36,6 +36,7 @@ impl Session {
         }
         if let Some(sample) = stacks::sample_from_bytes(item) {
             self.events += 1;
+            stacks::count_copy(&sample);
             self.pending_stacks.insert(sample.tid, sample);
             return Ok(());
         }
