@@ -550,12 +550,12 @@ fn print_summary(r: &session::SessionResult, output_dir: &std::path::Path, oom_a
     }
     let copies =
         memscope_bpf::events::stacks::STACK_COPIES.load(std::sync::atomic::Ordering::Relaxed);
-    if copies > 0 {
-        let bytes = memscope_bpf::events::stacks::STACK_COPY_BYTES
-            .load(std::sync::atomic::Ordering::Relaxed);
+    let copied =
+        memscope_bpf::events::stacks::STACK_COPY_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    if let Some(each) = copied.checked_div(copies) {
         log::info(&format!(
             "{copies} call stack(s) copied for unwinding, {} each on average (tracer CPU {:.2} s)",
-            memscope_bpf::output::leaks::human_bytes(bytes / copies),
+            memscope_bpf::output::leaks::human_bytes(each),
             own_cpu_seconds()
         ));
     }
