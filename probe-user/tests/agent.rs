@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use common::{agent::samples, *};
 
 /// A fixture log replayed in order: (device, owner) -> bytes live at the end, and device ->
 /// the highest total live bytes after any one operation. Driver blocks (`MALLOC`/`FREE`,
@@ -86,31 +86,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// `name{labels} value` lines of an exposition: (name, labels, value).
-fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let (name, labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        let labels = labels
-            .split("\",")
-            .filter(|kv| !kv.is_empty())
-            .map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap();
-                (k.to_string(), v.trim_matches('"').to_string())
-            })
-            .collect();
-        out.push((name.to_string(), labels, value.parse().unwrap()));
-    }
-    out
 }
 
 struct Agent {

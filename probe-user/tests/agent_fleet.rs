@@ -17,7 +17,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{agent::TestAgent, *};
+use common::{
+    agent::{TestAgent, samples},
+    *,
+};
 
 /// What Prometheus 2.x sends when it scrapes (its `scrapeAcceptHeader`).
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
@@ -44,29 +47,6 @@ fn get_with(addr: &str, path: &str, accept: Option<&str>) -> (u16, String, Strin
         .unwrap_or("")
         .to_string();
     (status, content_type, body.to_string())
-}
-
-type Series = Vec<(String, BTreeMap<String, String>, f64)>;
-
-/// `name{labels} value` lines: (name, labels, value). Label values here hold no `",`.
-fn samples(text: &str) -> Series {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-            let labels = labels
-                .trim_end_matches('}')
-                .split("\",")
-                .filter(|kv| !kv.is_empty())
-                .map(|kv| {
-                    let (k, v) = kv.split_once('=').unwrap();
-                    (k.to_string(), v.trim_matches('"').to_string())
-                })
-                .collect();
-            (name.to_string(), labels, value.parse().unwrap())
-        })
-        .collect()
 }
 
 /// Device -> bytes still live at the end of a workload log (MALLOC not FREEd, by address).

@@ -17,33 +17,6 @@ use std::{
 
 use common::{agent::*, *};
 
-type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
-
-/// `name{labels} value` lines of an exposition.
-fn samples(text: &str) -> Samples {
-    let mut out = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let (name, labels) = match series.split_once('{') {
-            Some((n, rest)) => (n, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        let labels = labels
-            .split("\",")
-            .filter(|kv| !kv.is_empty())
-            .map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap();
-                (k.to_string(), v.trim_matches('"').to_string())
-            })
-            .collect();
-        out.push((name.to_string(), labels, value.parse().unwrap()));
-    }
-    out
-}
-
 fn metrics(agent: &TestAgent) -> Samples {
     let (status, body) = get(&agent.addr, "/metrics").expect("GET /metrics");
     assert_eq!(status, 200);

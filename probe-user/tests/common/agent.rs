@@ -2,6 +2,7 @@
 //! agent or soak it; tests/agent.rs keeps its own richer helper).
 
 use std::{
+    collections::BTreeMap,
     io::{Read, Write},
     net::TcpStream,
     time::{Duration, Instant},
@@ -120,4 +121,29 @@ impl Drop for TestAgent {
             let _ = bg.finish();
         }
     }
+}
+
+/// The samples of a text exposition: (name, labels, value) per `name{labels} value` line.
+pub type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
+
+/// Parses `name{labels} value` lines (comments and blank lines skipped). Label values here
+/// hold no `",`.
+pub fn samples(text: &str) -> Samples {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            let labels = labels
+                .trim_end_matches('}')
+                .split("\",")
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k.to_string(), v.trim_matches('"').to_string())
+                })
+                .collect();
+            (name.to_string(), labels, value.parse().unwrap())
+        })
+        .collect()
 }

@@ -278,23 +278,16 @@ fn copies_and_size(stderr: &str) -> Option<(u64, u64)> {
 /// (PTA rows, those whose C stack column holds Python frames) in the dumps under `dir`.
 fn pta_rows_with_python(dir: &Path) -> (u64, u64) {
     let (mut rows, mut with) = (0, 0);
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else if p
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
-            {
-                let text = fs::read_to_string(&p).unwrap_or_default();
-                for record in csv_records(&text) {
-                    if record.split(',').nth(2) == Some("PTA") {
-                        rows += 1;
-                        with += record.contains(" [python] ") as u64;
-                    }
-                }
+    let dumps = files_under(dir, |p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
+    });
+    for dump in dumps {
+        let text = fs::read_to_string(&dump).unwrap_or_default();
+        for record in csv_records(&text) {
+            if record.split(',').nth(2) == Some("PTA") {
+                rows += 1;
+                with += record.contains(" [python] ") as u64;
             }
         }
     }
@@ -303,18 +296,7 @@ fn pta_rows_with_python(dir: &Path) -> (u64, u64) {
 
 /// (rows with a C stack, rows whose stack is truncated) in the CSV files under `dir`.
 fn csv_stacks(dir: &Path) -> (u64, u64) {
-    let mut files = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "csv") {
-                files.push(p);
-            }
-        }
-    }
+    let files = files_under(dir, |p| p.extension().is_some_and(|x| x == "csv"));
     let (mut with, mut truncated) = (0, 0);
     for f in files {
         let Ok(text) = fs::read_to_string(&f) else {
@@ -346,4 +328,21 @@ fn csv_records(text: &str) -> Vec<&str> {
         records.push(&text[start..]);
     }
     records
+}
+
+/// The files under `dir` (at any depth) that `keep` takes.
+fn files_under(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if keep(&p) {
+                files.push(p);
+            }
+        }
+    }
+    files
 }
