@@ -59,7 +59,13 @@ fn needed_bytes(repo: &Path) -> u64 {
     } else {
         0
     };
-    build + bed + matrix + mindspore
+    // The CUDA venv: ~4.5 GB installed, the 888 MB wheel on the way.
+    let cuda = if crate::cuda_bed::enabled() && !crate::cuda_bed::installed() {
+        6 * GIB
+    } else {
+        0
+    };
+    build + bed + matrix + mindspore + cuda
 }
 
 /// Fails with a clear message when the disk cannot hold the run.

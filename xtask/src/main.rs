@@ -14,6 +14,7 @@
 mod aarch64;
 mod bench;
 mod cmd;
+mod cuda_bed;
 mod demo;
 mod disk;
 mod fuzz;
@@ -35,7 +36,9 @@ Commands:
         against nightly's LLVM, the C fixtures (make -C tests/fixtures), the real
         torch/torch_npu test bed (two releases from PyPI in cached venvs, ~6 GB
         each, downloaded once; MEMSCOPE_TORCH_BED=off skips it) with its simulated
-        CANN, and checks for kernel BTF and root. Idempotent; quick once done.
+        CANN, the CUDA test bed (PyPI's CUDA torch 2.8.0 without its nvidia-*
+        wheels, ~0.9 GB downloaded once, on a simulated libcudart;
+        MEMSCOPE_CUDA_BED=off skips it), and checks for kernel BTF and root. Idempotent; quick once done.
         --force-bpf-linker       reinstall bpf-linker even if a working one exists
         --bpf-linker-root DIR    install bpf-linker under DIR (cargo install --root)
         --aarch64                also what test-aarch64 needs (never by default):
@@ -218,6 +221,9 @@ fn test(repo: &std::path::Path, args: &[String]) -> Result<u8> {
     // skipped, the MindSpore tests say SKIPPED.
     if mindspore_bed::enabled() && torch_bed::enabled() && mindspore_bed::installed() {
         test.env(mindspore_bed::VENV_ENV, mindspore_bed::venv()?);
+    }
+    if cuda_bed::enabled() && cuda_bed::installed() {
+        test.env(cuda_bed::VENV_ENV, cuda_bed::venv()?);
     }
     println!("[test] + {}", cmd::describe(&test));
     let (status, totals) = cmd::cargo_test(&mut test)?;

@@ -50,6 +50,7 @@ enum Step {
     DeployValidators,
     Fixtures,
     TorchBed,
+    CudaBed,
     PySpy,
     Btf,
 }
@@ -67,13 +68,14 @@ fn plan(purpose: Purpose) -> Vec<Step> {
         DeployValidators,
         Fixtures,
         TorchBed,
+        CudaBed,
         PySpy,
         Btf,
     ];
     let wanted = |s: &Step| match (purpose, s) {
         (Purpose::Tests, _) => true,
         (Purpose::Demo { screenshot }, Chromium) => screenshot,
-        (Purpose::Demo { .. }, AgentTools | DeployValidators | TorchBed | PySpy) => false,
+        (Purpose::Demo { .. }, AgentTools | DeployValidators | TorchBed | CudaBed | PySpy) => false,
         (Purpose::Demo { .. }, _) => true,
     };
     all.into_iter().filter(wanted).collect()
@@ -119,6 +121,12 @@ pub fn run(repo: &Path, opts: &Options) -> Result<Ready> {
             }
             Step::TorchBed => println!(
                 "{TAG} torch test bed: skipped (MEMSCOPE_TORCH_BED=off); its tests will say SKIPPED"
+            ),
+            Step::CudaBed if crate::cuda_bed::enabled() => {
+                step("cuda test bed", || crate::cuda_bed::prepare(repo))?
+            }
+            Step::CudaBed => println!(
+                "{TAG} cuda test bed: skipped (MEMSCOPE_CUDA_BED=off); its tests will say SKIPPED"
             ),
             Step::PySpy => step("py-spy", py_spy)?,
             Step::Btf => step("kernel BTF", btf)?,
@@ -652,6 +660,7 @@ mod tests {
         let demo = plan(Purpose::Demo { screenshot: false });
         for unused in [
             Step::TorchBed,
+            Step::CudaBed,
             Step::AgentTools,
             Step::DeployValidators,
             Step::PySpy,
@@ -665,6 +674,6 @@ mod tests {
         let shot = plan(Purpose::Demo { screenshot: true });
         assert!(shot.contains(&Step::Chromium) && !shot.contains(&Step::TorchBed));
         // The tests get every step.
-        assert_eq!(plan(Purpose::Tests).len(), 11);
+        assert_eq!(plan(Purpose::Tests).len(), 12);
     }
 }
