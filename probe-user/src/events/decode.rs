@@ -65,6 +65,11 @@ pub enum Call {
     RangeEnd {
         id: u64,
     },
+    /// NVTX's `nvtxRangePushA`/`nvtxRangePop`: ranges of a thread, ended innermost first.
+    RangePush {
+        text: String,
+    },
+    RangePop,
     DomainCreate {
         name: String,
         handle: u64,
@@ -154,6 +159,20 @@ pub enum Call {
         addr: u64,
         ret: i32,
     },
+    /// A CUDA runtime allocation (`api`: which entry point); `addr` when `*p` was read back.
+    CudaAlloc {
+        api: ProbeId,
+        size: u64,
+        ret: i32,
+        addr: Option<u64>,
+    },
+    CudaFree {
+        api: ProbeId,
+        addr: u64,
+        ret: i32,
+    },
+    /// c10's caching allocator reported a block (`events/cuda.rs`).
+    C10Usage(crate::events::cuda::C10Report),
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.
     OpLaunch {
         op: u32,

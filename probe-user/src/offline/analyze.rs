@@ -91,9 +91,11 @@ fn row_stacks(row: &DumpRow) -> (Option<Arc<str>>, Option<Arc<str>>) {
     (keep(&row.c_stack), keep(&row.python_stack))
 }
 
-/// Driver memory rows: HAL, and pinned host memory (`HOST` with `pinned:true`).
+/// Driver memory rows: HAL (CUDA's runtime on a CUDA host), and pinned host memory (`HOST`
+/// with `pinned:true`).
 pub(crate) fn is_hal(row: &DumpRow) -> bool {
-    row.event_type == "HAL" || (row.event_type == "HOST" && row.attr("pinned") == Some("true"))
+    matches!(row.event_type.as_str(), "HAL" | "CUDA")
+        || (row.event_type == "HOST" && row.attr("pinned") == Some("true"))
 }
 
 /// A memory row's address: the Ptr column, else Attr `addr`; an input error when neither.

@@ -321,6 +321,21 @@ impl ProcessState {
                     self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);
                 }
             }
+            Call::CudaAlloc {
+                api,
+                size,
+                ret,
+                addr,
+            } => self.cuda_alloc(ev, (*api, *size, *ret, *addr), ts_ns, opts, &mut rows),
+            Call::CudaFree { addr, ret, .. } => {
+                self.cuda_free(ev, *addr, *ret, ts_ns, opts, &mut rows)
+            }
+            Call::C10Usage(report) => self.c10_usage(ev, report, ts_ns, opts, &mut rows),
+            Call::RangePush { .. } | Call::RangePop => {
+                if let Some(range) = self.nvtx_as_mstx(ev) {
+                    rows.extend(self.apply_call(&range, ts_ns, opts));
+                }
+            }
             Call::PtaNotUsage(why) => {
                 if !std::mem::replace(&mut self.pta_refused, true) {
                     refuse_pta_reports(ev.pid, why);

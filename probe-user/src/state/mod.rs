@@ -2,7 +2,7 @@
 //! of each thread. Turns decoded calls into output rows and keeps what the analyses need.
 //!
 //! Stage 3. The concerns are files: live blocks (`blocks`), the one dispatcher from a call to
-//! its changes (`calls`), devices and `DeviceKey` (`devices`), ATen/ATB operators (`ops`),
+//! its changes (`calls`), the CUDA runtime's and c10's (`cuda`), devices and `DeviceKey` (`devices`), ATen/ATB operators (`ops`),
 //! decompose owners (`owners`), framework pool regions (`pools`), the rows and `Row` itself
 //! (`rows`: the row is defined where it is built; `output` only writes it), mstx steps
 //! (`steps`), reserved and mapped device ranges (`vmm`).
@@ -13,6 +13,7 @@
 
 mod blocks;
 mod calls;
+mod cuda;
 mod devices;
 mod exit;
 mod ops;
@@ -53,6 +54,8 @@ pub enum BlockKind {
 }
 
 impl BlockKind {
+    /// The "Event Type" of an Ascend block (the CUDA runtime's device blocks say `CUDA`:
+    /// `ProcessState::block_event_type`).
     pub fn event_type(self) -> &'static str {
         match self {
             BlockKind::PinnedHost => "HOST",
@@ -235,6 +238,11 @@ pub struct ProcessState {
     /// torch_npu's report function got something that is not a `MemoryUsage`: the located
     /// function is not what we think, so nothing more is read from it.
     pta_refused: bool,
+    /// The process's driver blocks come from the CUDA runtime: their rows say `CUDA`, not `HAL`.
+    cuda_runtime: bool,
+    /// The NVTX ranges each thread has open (innermost last), and the last id given.
+    nvtx_ranges: HashMap<u32, Vec<u64>>,
+    nvtx_next: u64,
     /// Start address -> key of the live ATB pool blocks.
     atb_by_addr: std::collections::BTreeMap<u64, u64>,
     /// ATB calls being put back together from their probes' events.

@@ -1271,3 +1271,74 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
         assert_eq!(m.pools[0].segments, 2, "map first: {map_first}");
     }
 }
+
+/// PyTorch on CUDA: the runtime's segments are CUDA rows (not HAL), c10's reports the pool's
+/// blocks with its own totals, NVTX push/pop the steps; a CPU report is no block.
+#[test]
+fn cuda_runtime_c10_reports_and_nvtx_steps() {
+    use crate::events::cuda::C10Report;
+    use crate::trace::probes::ProbeId;
+    let mut p = ProcessState::new(100);
+    let o = opts();
+    let push = Call::RangePush {
+        text: "step start".into(),
+    };
+    p.apply(&ev(1, push), 1, &o, None);
+    assert_eq!(p.step, 1);
+    let seg = Call::CudaAlloc {
+        api: ProbeId::CudaMalloc,
+        size: 2 << 20,
+        ret: 0,
+        addr: Some(0x7000_0000),
+    };
+    let rows = p.apply(&ev(1, seg), 2, &o, None);
+    assert_eq!((rows[0].event, rows[0].event_type), ("MALLOC", "CUDA"));
+    assert_eq!(rows[0].device, DeviceKey::Npu(0));
+    let report = |size: i64, allocated: u64, r8: u64| {
+        Call::C10Usage(C10Report::from_args(&[
+            0x7000_0000,
+            size as u64,
+            allocated,
+            2 << 20,
+            r8,
+        ]))
+    };
+    let rows = p.apply(&ev(1, report(512, 512, 1)), 3, &o, None);
+    assert_eq!((rows[0].event, rows[0].event_type), ("MALLOC", "PTA"));
+    assert!(
+        rows[0].attr.ends_with("used:512,total:2097152"),
+        "{}",
+        rows[0].attr
+    );
+    assert!(
+        p.apply(&ev(1, report(64, 64, 0)), 4, &o, None).is_empty(),
+        "a CPU block"
+    );
+    // A pop with nothing pushed on its thread is not a step's end.
+    p.apply(&ev(2, Call::RangePop), 5, &o, None);
+    assert!(p.step_range.is_some());
+    let rows = p.apply(&ev(1, Call::RangePop), 6, &o, None);
+    assert_eq!((rows[0].event, rows[0].event_type), ("MSTX", "Range_end"));
+    assert_eq!(p.step_range, None);
+    let rows = p.apply(&ev(1, report(-512, 0, 1)), 7, &o, None);
+    assert_eq!((rows[0].event, rows[0].size), ("FREE", Some(512)));
+    let free = Call::CudaFree {
+        api: ProbeId::CudaFree,
+        addr: 0x7000_0000,
+        ret: 0,
+    };
+    let rows = p.apply(&ev(1, free), 8, &o, None);
+    assert_eq!((rows[0].event, rows[0].event_type), ("FREE", "CUDA"));
+    // Pinned host memory: device cpu, HOST.
+    let host = Call::CudaAlloc {
+        api: ProbeId::CudaHostAlloc,
+        size: 4096,
+        ret: 0,
+        addr: Some(0x9000),
+    };
+    let rows = p.apply(&ev(1, host), 9, &o, None);
+    assert_eq!(
+        (rows[0].event_type, rows[0].device),
+        ("HOST", DeviceKey::Cpu)
+    );
+}

@@ -69,6 +69,19 @@ pub enum ProbeId {
     AclrtReleaseMemAddress = 49,
     AclrtMapMem = 50,
     AclrtUnmapMem = 51,
+    /// The CUDA runtime's memory entry points and c10's allocator report (`probes/cuda.rs`).
+    CudaMalloc = 52,
+    CudaMallocAsync = 53,
+    CudaMallocManaged = 54,
+    CudaMallocHost = 55,
+    CudaHostAlloc = 56,
+    CudaFree = 57,
+    CudaFreeAsync = 58,
+    CudaFreeHost = 59,
+    CudaSetDevice = 60,
+    C10ReportMemoryUsage = 61,
+    NvtxRangePushA = 62,
+    NvtxRangePop = 63,
 }
 
 impl ProbeId {
@@ -249,6 +262,24 @@ const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDe
 }
 
 pub mod atb;
+pub mod cuda;
+
+/// Every probe: Ascend's, then CUDA's.
+pub const PROBES: [ProbeDef; 63] = concat(ASCEND, cuda::PROBES);
+
+const fn concat<const A: usize, const B: usize, const N: usize>(
+    a: [ProbeDef; A],
+    b: [ProbeDef; B],
+) -> [ProbeDef; N] {
+    assert!(A + B == N && A > 0);
+    let mut out = [a[0]; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < A { a[i] } else { b[i - A] };
+        i += 1;
+    }
+    out
+}
 
 /// A string reached through a pointer at `ptr_off` of the struct argument `arg`.
 const fn string_field(arg: u32, ptr_off: u32) -> ProbeSpec {
@@ -295,7 +326,8 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 51] = [
+/// Ascend's probes (CANN, torch_npu, MindSpore, ATB, mstx, Python's exit).
+const ASCEND: [ProbeDef; 51] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -746,50 +778,4 @@ pub fn library_matches(file_name: &str, lib: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_unique_and_round_trip() {
-        for p in &PROBES {
-            assert_eq!(ProbeId::from_raw(p.id as u16), Some(p.id));
-            assert!((p.id as u32) < probe_common::MAX_PROBES);
-        }
-        let mut ids: Vec<_> = PROBES.iter().map(|p| p.id).collect();
-        ids.dedup();
-        assert_eq!(ids.len(), PROBES.len());
-        assert_eq!(ProbeId::from_raw(0), None);
-    }
-
-    #[test]
-    fn library_name_matching() {
-        assert!(library_matches("libascend_hal.so", HAL_LIBRARY));
-        assert!(library_matches("libascend_hal.so.1", HAL_LIBRARY));
-        assert!(!library_matches("libascend_hal.so_backup", HAL_LIBRARY));
-        assert!(!library_matches("libascend_hal_stub.so", HAL_LIBRARY));
-        let hal: Vec<_> = expected_in("libascend_hal.so")
-            .iter()
-            .map(|p| p.symbol)
-            .collect();
-        assert_eq!(
-            hal,
-            ["halMemAlloc", "halMemFree", "halMemCreate", "halMemRelease"]
-        );
-        assert_eq!(expected_in("libms_tools_ext.so").len(), 8);
-        for p in &PROBES {
-            if p.spec.flags & sf::BATCH != 0 {
-                let quarter = probe_common::DATA_LEN as u32 / 4;
-                assert!(p.spec.per_chunk * p.spec.elem_size < probe_common::DATA_LEN as u32);
-                if p.spec.array2_off != NO_ARRAY2 {
-                    assert!(p.spec.array2_base >= p.spec.per_chunk * p.spec.elem_size);
-                    assert_eq!(p.spec.array2_base % quarter, 0);
-                    assert!(p.spec.per_chunk * p.spec.elem2_size < quarter);
-                }
-            }
-            if p.spec.flags & sf::INDIRECT != 0 {
-                let half = probe_common::DATA_LEN as u32 / 2;
-                assert!(p.spec.data_len < half && p.spec.indirect_len < half);
-            }
-        }
-    }
-}
+mod tests;

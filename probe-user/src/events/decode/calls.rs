@@ -220,6 +220,40 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 raw.ts_ns,
             )
         }
+        ProbeId::CudaMalloc
+        | ProbeId::CudaMallocAsync
+        | ProbeId::CudaMallocManaged
+        | ProbeId::CudaMallocHost
+        | ProbeId::CudaHostAlloc => (
+            Call::CudaAlloc {
+                api: id,
+                size: raw.args[1],
+                ret,
+                addr: deref,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::CudaFree | ProbeId::CudaFreeAsync | ProbeId::CudaFreeHost => (
+            Call::CudaFree {
+                api: id,
+                addr: raw.args[0],
+                ret,
+            },
+            raw.ts_ns,
+        ),
+        ProbeId::CudaSetDevice => (
+            Call::SetDevice {
+                device: raw.args[0] as i32,
+                ret,
+            },
+            raw.ret_ts_ns,
+        ),
+        ProbeId::NvtxRangePushA => (Call::RangePush { text: text() }, raw.ts_ns),
+        ProbeId::NvtxRangePop => (Call::RangePop, raw.ts_ns),
+        ProbeId::C10ReportMemoryUsage => (
+            Call::C10Usage(crate::events::cuda::C10Report::from_args(&raw.args)),
+            raw.ts_ns,
+        ),
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,

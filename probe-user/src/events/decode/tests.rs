@@ -48,8 +48,9 @@ fn one_clock_read_probes_are_dated_at_the_end_they_read() {
         assert_eq!(c.ts_mono, expect, "{:?}", def.id);
         checked += 1;
     }
-    // halMemAlloc/Free/Release, aclInit/Finalize, aclrtSetDevice.
-    assert_eq!(checked, 6);
+    // halMemAlloc/Free/Release, aclInit/Finalize, aclrtSetDevice; the CUDA runtime's five
+    // allocations, three frees and cudaSetDevice.
+    assert_eq!(checked, 15);
 }
 
 /// A batch record as the BPF side writes it (layout written out here word by word, not
@@ -167,8 +168,9 @@ fn batched_calls_keep_every_argument_decode_reads() {
         );
     }
     // halMemAlloc, halMemFree, halMemRelease, aclInit, aclFinalize, aclrtSetDevice,
-    // MindSpore's AllocTensorMem and the four VMM calls.
-    assert_eq!(narrowed, 11);
+    // MindSpore's AllocTensorMem and the four VMM calls; the CUDA runtime's eight memory calls,
+    // cudaSetDevice and c10's report.
+    assert_eq!(narrowed, 21);
 }
 
 #[test]
@@ -273,7 +275,7 @@ fn mark_text_and_short_records() {
     );
     assert!(raw_from_bytes(&[0u8; 16]).is_none());
     let mut unknown = r;
-    unknown.probe = 63;
+    unknown.probe = 999;
     assert!(decode(&unknown).is_none());
     // A return-probe call that arrived without its return is not trusted.
     let mut half = call_raw(ProbeId::HalMemAlloc);
@@ -344,4 +346,70 @@ fn atb_strings_and_tensor_chunks() {
     // After tensors are read at the return.
     assert_eq!(c.ts_mono, 200);
     assert!(c.at_return);
+}
+
+#[test]
+fn cuda_calls() {
+    // cudaMalloc(&p, 2 MiB) = 0: *p read at return, dated at return.
+    let mut r = call_raw(ProbeId::CudaMalloc);
+    r.args[1] = 2 << 20;
+    r.deref = 0x7f00_0000_0000;
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!()
+    };
+    assert_eq!(
+        (c.call, c.ts_mono),
+        (
+            Call::CudaAlloc {
+                api: ProbeId::CudaMalloc,
+                size: 2 << 20,
+                ret: 0,
+                addr: Some(0x7f00_0000_0000)
+            },
+            200
+        )
+    );
+    // cudaFreeHost(p) = 0, dated at entry.
+    let mut r = call_raw(ProbeId::CudaFreeHost);
+    r.args[0] = 0x5000;
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!()
+    };
+    assert_eq!(c.ts_mono, 100);
+    assert!(matches!(c.call, Call::CudaFree { addr: 0x5000, .. }));
+    // c10's report: a block of 512 bytes freed on cuda:2 (entry only).
+    let mut r = call_raw(ProbeId::C10ReportMemoryUsage);
+    r.flags = 0;
+    r.args = [0x9000, (-512i64) as u64, 0, 1 << 21, 1 | 2 << 8, 0];
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!()
+    };
+    let Call::C10Usage(u) = c.call else { panic!() };
+    assert_eq!(
+        (u.ptr, u.size, u.device_index, u.reserved),
+        (0x9000, -512, 2, 1 << 21)
+    );
+    // NVTX: the pushed message, and a pop.
+    let mut r = call_raw(ProbeId::NvtxRangePushA);
+    r.flags = 0;
+    r.data[..10].copy_from_slice(b"step start");
+    r.data_len = 10;
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!()
+    };
+    assert_eq!(
+        c.call,
+        Call::RangePush {
+            text: "step start".into()
+        }
+    );
+    let mut r = call_raw(ProbeId::NvtxRangePop);
+    r.flags = 0;
+    assert!(matches!(
+        decode(&r),
+        Some(Decoded::Call(CallEvent {
+            call: Call::RangePop,
+            ..
+        }))
+    ));
 }

@@ -113,10 +113,11 @@ impl SnapshotRecorder {
         }
     }
 
-    /// Whether [`row`](Self::row) would use this row (HAL and PTA MALLOC/FREE on a device).
+    /// Whether [`row`](Self::row) would use this row (driver (HAL, CUDA) and PTA MALLOC/FREE on
+    /// a device).
     pub fn wants(row: &Row) -> bool {
         matches!(row.device, DeviceKey::Npu(_))
-            && matches!(row.event_type, "HAL" | "PTA")
+            && matches!(row.event_type, "HAL" | "CUDA" | "PTA")
             && matches!(row.event, "MALLOC" | "FREE")
     }
 
@@ -129,7 +130,7 @@ impl SnapshotRecorder {
             return;
         };
         let pool = match row.event_type {
-            "HAL" => false,
+            "HAL" | "CUDA" => false,
             "PTA" => true,
             _ => return,
         };
