@@ -1,0 +1,334 @@
+//! PyPI's CUDA build of torch, unmodified, on the simulated CUDA of the test bed (`cargo xtask
+//! setup` installs it: tests/fixtures/cuda, xtask/src/cuda_bed.rs): a training loop
+//! (tests/fixtures/python/torch_cuda_train.py) is traced in launch mode and with `--pid`, and
+//! every row is checked against what torch itself said in the script (`data_ptr()`,
+//! `memory_allocated()`, `memory_reserved()`, the caching allocator's own segments from
+//! `memory_snapshot()`): the c10 caching allocator's blocks are PTA rows (from
+//! `c10::reportMemoryUsageToProfiler`), its segments CUDA rows (from `cudaMalloc`/`cudaFree`).
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+const STEPS: u32 = 5;
+
+/// The bed's venv (`MEMSCOPE_CUDA_VENV`, set by `cargo xtask test`), or a loud skip.
+fn cuda_venv(test: &str) -> Option<PathBuf> {
+    if !require_root(test) {
+        return None;
+    }
+    let Some(venv) = std::env::var_os("MEMSCOPE_CUDA_VENV").map(PathBuf::from) else {
+        eprintln!(
+            "SKIPPED {test}: MEMSCOPE_CUDA_VENV is not set (run through `cargo xtask test`, \
+             which installs the CUDA test bed unless MEMSCOPE_CUDA_BED=off)"
+        );
+        println!("SKIPPED {test}: no CUDA test bed");
+        return None;
+    };
+    assert!(
+        venv.join("bin/python").is_file(),
+        "MEMSCOPE_CUDA_VENV={} has no bin/python (`cargo xtask setup` installs it)",
+        venv.display()
+    );
+    Some(venv)
+}
+
+/// The script, and where its steps' mstx library is (the fixtures' simulated one).
+fn script() -> PathBuf {
+    repo_root().join("tests/fixtures/python/torch_cuda_train.py")
+}
+
+fn script_env() -> Vec<(String, String)> {
+    let lib = fixtures().join("lib").display().to_string();
+    vec![("LD_LIBRARY_PATH".into(), lib)]
+}
+
+struct Run {
+    log: String,
+    stderr: String,
+    rows: Vec<DumpRow>,
+}
+
+fn launch(venv: &Path, dir: &Path, extra: &[&str]) -> Run {
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap()])
+        .args(extra)
+        .arg("--")
+        .arg(venv.join("bin/python"))
+        .arg(script())
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+        ])
+        .envs(script_env())
+        .output()
+        .expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "tracer failed:\n{stderr}");
+    let log = fs::read_to_string(&log).unwrap();
+    let pid = ready_pid(&log);
+    Run {
+        rows: rows_of(&out_dir, pid),
+        log,
+        stderr,
+    }
+}
+
+/// The script started on its own; `memscope-bpf --pid` attaches once CUDA is initialised.
+fn attach(venv: &Path, dir: &Path) -> Run {
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let go = dir.join("go");
+    let mut target = Command::new(venv.join("bin/python"))
+        .arg(script())
+        .args([
+            "--log",
+            log.to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+        ])
+        .args(["--wait-file", go.to_str().unwrap()])
+        .envs(script_env())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start python");
+    let text = wait_for_text(&log, "READY", 180);
+    let pid = ready_pid(&text);
+    assert_eq!(pid, target.id());
+    let mut tracer =
+        Background::spawn(&["-o", out_dir.to_str().unwrap(), "--pid", &pid.to_string()]);
+    tracer.wait_for("attached to pid", 120);
+    fs::write(&go, b"").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while target.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the traced script did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, stderr) = tracer.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    Run {
+        rows: rows_of(&out_dir, pid),
+        log: fs::read_to_string(&log).unwrap(),
+        stderr,
+    }
+}
+
+fn ready_pid(log: &str) -> u32 {
+    log_lines(log, "READY")[0]["pid"].parse().unwrap()
+}
+
+fn num(fields: &BTreeMap<&str, &str>, key: &str) -> u64 {
+    fields[key].parse().unwrap()
+}
+
+/// The mstx step of each row: "step start" ranges seen before it.
+fn steps_of(rows: &[DumpRow]) -> Vec<u32> {
+    let mut step = 0;
+    rows.iter()
+        .map(|r| {
+            if r.event == "MSTX" && r.event_type == "Range_start" && r.name == "step start" {
+                step += 1;
+            }
+            step
+        })
+        .collect()
+}
+
+/// The CUDA runtime's device segments live after `rows`, as `0xADDR:SIZE` in address order
+/// (the form of the script's `segments=`).
+fn live_segments(rows: &[DumpRow]) -> String {
+    let mut live = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.event_type == "CUDA") {
+        match r.event.as_str() {
+            "MALLOC" => {
+                live.insert(r.addr(), r.size());
+            }
+            "FREE" => {
+                live.remove(&r.addr());
+            }
+            _ => {}
+        }
+    }
+    live.iter()
+        .map(|(a, s)| format!("{a:#x}:{s}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Checks a run row for row against the script's own log.
+fn check(run: &Run, what: &str) {
+    let rows = &run.rows;
+    let step_of = steps_of(rows);
+    let ctx = |msg: &str| {
+        format!(
+            "{what}: {msg}\n--- log:\n{}\n--- tracer:\n{}",
+            run.log, run.stderr
+        )
+    };
+    let pta: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].event_type == "PTA")
+        .collect();
+    assert!(!pta.is_empty(), "{}", ctx("no PTA rows"));
+    assert!(
+        rows.iter().all(|r| r.event_type != "HAL"),
+        "{}",
+        ctx("the CUDA runtime's rows must say CUDA, not HAL")
+    );
+
+    // Every tensor the script made is one PTA MALLOC row at its data_ptr(), in order, in its
+    // step, of the block size memory_allocated() grew by, with the allocator's totals after it.
+    let mut next = 0;
+    for a in log_lines(&run.log, "ALLOC") {
+        let ptr = hex(a["ptr"]);
+        let Some(pos) = pta[next..]
+            .iter()
+            .position(|&i| rows[i].event == "MALLOC" && rows[i].addr() == ptr)
+        else {
+            panic!("{}", ctx(&format!("no PTA MALLOC row for {a:?}")));
+        };
+        let i = pta[next + pos];
+        next += pos + 1;
+        let r = &rows[i];
+        assert_eq!(
+            step_of[i],
+            num(&a, "step") as u32,
+            "{}",
+            ctx(&format!("step of {a:?}"))
+        );
+        assert_eq!(r.device, "0");
+        assert_eq!(
+            r.size(),
+            num(&a, "bytes"),
+            "{}",
+            ctx(&format!("size of {a:?}"))
+        );
+        assert_eq!(
+            r.attr["used"],
+            a["allocated"],
+            "{}",
+            ctx(&format!("used {a:?}"))
+        );
+        assert_eq!(
+            r.attr["total"],
+            a["reserved"],
+            "{}",
+            ctx(&format!("total {a:?}"))
+        );
+    }
+    // Every tensor the script dropped is a PTA FREE row with the allocator's totals after it.
+    for f in log_lines(&run.log, "FREE") {
+        let ptr = hex(f["ptr"]);
+        assert!(
+            pta.iter().any(|&i| rows[i].event == "FREE"
+                && rows[i].addr() == ptr
+                && step_of[i] == num(&f, "step") as u32
+                && rows[i].attr["used"] == f["allocated"]
+                && rows[i].attr["total"] == f["reserved"]),
+            "{}",
+            ctx(&format!("no PTA FREE row for {f:?}"))
+        );
+    }
+    // At the end of each step the last PTA row carries memory_allocated()/memory_reserved(),
+    // and the live cudaMalloc segments are exactly the allocator's own segments.
+    let ends: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].event == "MSTX" && rows[i].event_type == "Range_end")
+        .collect();
+    let steps = log_lines(&run.log, "STEP");
+    assert_eq!(steps.len(), STEPS as usize);
+    assert_eq!(ends.len(), STEPS as usize, "{}", ctx("step ends"));
+    for (s, end) in steps.iter().zip(&ends) {
+        let last = pta.iter().rev().find(|&&i| i < *end).unwrap();
+        assert_eq!(
+            rows[*last].attr["used"],
+            s["allocated"],
+            "{}",
+            ctx(&format!("{s:?}"))
+        );
+        assert_eq!(
+            rows[*last].attr["total"],
+            s["reserved"],
+            "{}",
+            ctx(&format!("{s:?}"))
+        );
+        assert_eq!(
+            live_segments(&rows[..*end]),
+            s["segments"],
+            "{}",
+            ctx(&format!("CUDA {s:?}"))
+        );
+    }
+    // empty_cache() gives back the segments of no live tensor (cudaFree rows); what is live
+    // before the interpreter drops the kept tensors at exit is what the allocator kept.
+    let empty = &log_lines(&run.log, "EMPTY_CACHE")[0];
+    let last_end = *ends.last().unwrap();
+    let exit_frees = pta
+        .iter()
+        .copied()
+        .find(|&i| i > last_end)
+        .unwrap_or(rows.len());
+    assert_eq!(
+        live_segments(&rows[..exit_frees]),
+        empty["segments"],
+        "{}",
+        ctx("CUDA segments after empty_cache")
+    );
+
+    // The per-step leak report names every kept tensor with its step, and nothing else (a
+    // block of the last step is never checked: no later step ends, as in msMemScope).
+    let leaks: Vec<(u64, u32)> = log_lines(&run.log, "LEAK")
+        .iter()
+        .map(|l| (hex(l["ptr"]), num(l, "step") as u32))
+        .filter(|(_, step)| *step < STEPS)
+        .collect();
+    let reported: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("Direct Pytorch Caching memory pool leak"))
+        .collect();
+    assert_eq!(reported.len(), leaks.len(), "{}", ctx("leak count"));
+    for (ptr, step) in leaks {
+        assert!(
+            reported.iter().any(|l| l.contains(&format!("at {ptr:#x} "))
+                && l.ends_with(&format!("at step {step}."))),
+            "{}",
+            ctx(&format!("leak {ptr:#x} of step {step} not reported"))
+        );
+    }
+}
+
+#[test]
+fn real_cuda_torch_launch() {
+    let Some(venv) = cuda_venv("real_cuda_torch_launch") else {
+        return;
+    };
+    let _guard = serial();
+    let dir = scratch("real_cuda_launch");
+    let run = launch(&venv, &dir, &[]);
+    check(&run, "launch");
+}
+
+#[test]
+fn real_cuda_torch_attach() {
+    let Some(venv) = cuda_venv("real_cuda_torch_attach") else {
+        return;
+    };
+    let _guard = serial();
+    let dir = scratch("real_cuda_attach");
+    let run = attach(&venv, &dir);
+    check(&run, "--pid");
+}
