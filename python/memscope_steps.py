@@ -13,7 +13,13 @@ see every step, whether it launched the job or attached to it with ``--pid``:
         with memscope_steps.step():
             train_one_step(batch)
 
-or ``memscope_steps.step_start()`` ... ``memscope_steps.step_end()`` around each step. Steps
+or ``memscope_steps.step_start()`` ... ``memscope_steps.step_end()`` around each step.
+
+On a CUDA host without mstx the steps are NVTX ranges instead: ``nvtxRangePushA("step
+start")``/``nvtxRangePop()`` of ``libnvToolsExt.so.1`` (found on the loader's path or in the
+``nvidia-nvtx-cu12`` wheel's ``nvidia/nvtx/lib``), which memscope-bpf traces as it does mstx.
+(``torch.cuda.nvtx`` cannot stand in: torch's NVTX is header-only and calls nothing a probe
+can see unless a profiler is injected.) Steps
 are numbered from 1 in the order they start; ``--steps``, the per-step leak report and the gap
 table use them. Without an mstx library in reach every call is a no-op returning 0, so the
 marks can stay in production code.
@@ -21,9 +27,12 @@ marks can stay in production code.
 
 import contextlib
 import ctypes
+import os
+import sys
 
 STEP_MESSAGE = b"step start"
 _MSTX_LIBRARY = "libms_tools_ext.so"
+_NVTX_LIBRARY = "libnvToolsExt.so.1"
 _functions = None
 # The open step's range id; None when no step is open (a real mstx library without a tool
 # attached returns 0 for every range).
@@ -31,7 +40,8 @@ _open_range = None
 
 
 def _mstx():
-    """(range_start, range_end) from the process (a framework linked mstx) or the library."""
+    """(range_start, range_end) from the process (a framework linked mstx) or the library,
+    else NVTX's push and pop standing in for them."""
     global _functions
     if _functions is None:
         _functions = False
@@ -47,12 +57,49 @@ def _mstx():
             end.restype = None
             _functions = (start, end)
             break
+        if not _functions:
+            _functions = _nvtx() or False
     return _functions
 
 
+def _nvtx():
+    """NVTX's (push, pop) as (range_start, range_end), or None."""
+    wheel = [os.path.join(p, "nvidia", "nvtx", "lib", _NVTX_LIBRARY) for p in sys.path if p]
+    for name in [_NVTX_LIBRARY] + [w for w in wheel if os.path.isfile(w)]:
+        try:
+            lib = ctypes.CDLL(name)
+            push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
+        except (OSError, AttributeError):
+            continue
+        push.argtypes = [ctypes.c_char_p]
+        push.restype = ctypes.c_int
+        pop.argtypes = []
+        pop.restype = ctypes.c_int
+
+        # Push and pop return the nesting level (or -2 with no tool attached): not an id, so
+        # the open step is marked with 1.
+        def start(message, _stream):
+            push(message)
+            return 1
+
+        def end(_range):
+            pop()
+
+        return (start, end)
+    return None
+
+
 def available():
-    """True when an mstx library was found (steps are then visible to the tracer)."""
+    """True when an mstx or NVTX library was found (steps are then visible to the tracer)."""
     return bool(_mstx())
+
+
+def backend():
+    """"mstx", "nvtx", or None when neither library was found."""
+    fns = _mstx()
+    if not fns:
+        return None
+    return "nvtx" if fns[0].__name__ == "start" else "mstx"
 
 
 def step_start():

@@ -41,14 +41,27 @@ fn cuda_venv(test: &str) -> Option<PathBuf> {
     Some(venv)
 }
 
-/// The script, and where its steps' mstx library is (the fixtures' simulated one).
 fn script() -> PathBuf {
     repo_root().join("tests/fixtures/python/torch_cuda_train.py")
 }
 
-fn script_env() -> Vec<(String, String)> {
-    let lib = fixtures().join("lib").display().to_string();
-    vec![("LD_LIBRARY_PATH".into(), lib)]
+/// What marks the script's steps (python/memscope_steps.py).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Steps {
+    /// NVTX push/pop of the bed's libnvToolsExt.so.1 (no mstx library in reach).
+    Nvtx,
+    /// mstx ranges of the fixtures' libms_tools_ext.so, put in reach by LD_LIBRARY_PATH.
+    Mstx,
+}
+
+fn script_env(steps: Steps) -> Vec<(String, String)> {
+    match steps {
+        Steps::Nvtx => vec![],
+        Steps::Mstx => {
+            let lib = fixtures().join("lib").display().to_string();
+            vec![("LD_LIBRARY_PATH".into(), lib)]
+        }
+    }
 }
 
 struct Run {
@@ -57,12 +70,11 @@ struct Run {
     rows: Vec<DumpRow>,
 }
 
-fn launch(venv: &Path, dir: &Path, extra: &[&str]) -> Run {
+fn launch(venv: &Path, dir: &Path, steps: Steps) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
     let out = Command::new(TRACER)
         .args(["-o", out_dir.to_str().unwrap()])
-        .args(extra)
         .arg("--")
         .arg(venv.join("bin/python"))
         .arg(script())
@@ -72,7 +84,7 @@ fn launch(venv: &Path, dir: &Path, extra: &[&str]) -> Run {
             "--steps",
             &STEPS.to_string(),
         ])
-        .envs(script_env())
+        .envs(script_env(steps))
         .output()
         .expect("run memscope-bpf");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -87,7 +99,7 @@ fn launch(venv: &Path, dir: &Path, extra: &[&str]) -> Run {
 }
 
 /// The script started on its own; `memscope-bpf --pid` attaches once CUDA is initialised.
-fn attach(venv: &Path, dir: &Path) -> Run {
+fn attach(venv: &Path, dir: &Path, steps: Steps) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
     let go = dir.join("go");
@@ -100,7 +112,7 @@ fn attach(venv: &Path, dir: &Path) -> Run {
             &STEPS.to_string(),
         ])
         .args(["--wait-file", go.to_str().unwrap()])
-        .envs(script_env())
+        .envs(script_env(steps))
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
@@ -171,8 +183,14 @@ fn live_segments(rows: &[DumpRow]) -> String {
 }
 
 /// Checks a run row for row against the script's own log.
-fn check(run: &Run, what: &str) {
+fn check(run: &Run, steps: Steps, what: &str) {
     let rows = &run.rows;
+    let marked_by = log_lines(&run.log, "READY")[0]["steps"];
+    assert_eq!(
+        marked_by,
+        format!("{steps:?}").to_lowercase(),
+        "{what}: the script's steps"
+    );
     let step_of = steps_of(rows);
     let ctx = |msg: &str| {
         format!(
@@ -317,9 +335,11 @@ fn real_cuda_torch_launch() {
         return;
     };
     let _guard = serial();
-    let dir = scratch("real_cuda_launch");
-    let run = launch(&venv, &dir, &[]);
-    check(&run, "launch");
+    for steps in [Steps::Nvtx, Steps::Mstx] {
+        let dir = scratch(&format!("real_cuda_launch_{steps:?}"));
+        let run = launch(&venv, &dir, steps);
+        check(&run, steps, &format!("launch, {steps:?} steps"));
+    }
 }
 
 #[test]
@@ -329,6 +349,6 @@ fn real_cuda_torch_attach() {
     };
     let _guard = serial();
     let dir = scratch("real_cuda_attach");
-    let run = attach(&venv, &dir);
-    check(&run, "--pid");
+    let run = attach(&venv, &dir, Steps::Nvtx);
+    check(&run, Steps::Nvtx, "--pid, NVTX steps");
 }
