@@ -68,13 +68,46 @@ struct Run {
     log: String,
     stderr: String,
     rows: Vec<DumpRow>,
+    /// Row id -> its Call Stack(Python) column.
+    py_stacks: BTreeMap<u64, String>,
 }
 
-fn launch(venv: &Path, dir: &Path, steps: Steps) -> Run {
+impl Run {
+    fn read(out_dir: &Path, log: String, stderr: String) -> Run {
+        let pid = ready_pid(&log);
+        // Whole CSV records: the stack columns span lines.
+        let mut py_stacks = BTreeMap::new();
+        for f in find_files(&process_dir(out_dir, pid).unwrap(), "memscope_dump_") {
+            for r in parse_dump_records(&fs::read_to_string(f).unwrap()) {
+                py_stacks.insert(r[0].parse().unwrap(), r[10].clone());
+            }
+        }
+        Run {
+            rows: rows_of(out_dir, pid),
+            py_stacks,
+            log,
+            stderr,
+        }
+    }
+}
+
+/// The tracer's and the script's arguments for Python stacks (`traceback.extract_stack()` on
+/// the line that makes or drops each tensor).
+fn stack_args(stacks: bool) -> (&'static [&'static str], &'static [&'static str]) {
+    if stacks {
+        (&["--call-stack=python"], &["--stacks"])
+    } else {
+        (&[], &[])
+    }
+}
+
+fn launch(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
+    let (tracer_args, script_args) = stack_args(stacks);
     let out = Command::new(TRACER)
         .args(["-o", out_dir.to_str().unwrap()])
+        .args(tracer_args)
         .arg("--")
         .arg(venv.join("bin/python"))
         .arg(script())
@@ -84,25 +117,21 @@ fn launch(venv: &Path, dir: &Path, steps: Steps) -> Run {
             "--steps",
             &STEPS.to_string(),
         ])
+        .args(script_args)
         .envs(script_env(steps))
         .output()
         .expect("run memscope-bpf");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "tracer failed:\n{stderr}");
-    let log = fs::read_to_string(&log).unwrap();
-    let pid = ready_pid(&log);
-    Run {
-        rows: rows_of(&out_dir, pid),
-        log,
-        stderr,
-    }
+    Run::read(&out_dir, fs::read_to_string(&log).unwrap(), stderr)
 }
 
 /// The script started on its own; `memscope-bpf --pid` attaches once CUDA is initialised.
-fn attach(venv: &Path, dir: &Path, steps: Steps) -> Run {
+fn attach(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
     let go = dir.join("go");
+    let (tracer_args, script_args) = stack_args(stacks);
     let mut target = Command::new(venv.join("bin/python"))
         .arg(script())
         .args([
@@ -111,6 +140,7 @@ fn attach(venv: &Path, dir: &Path, steps: Steps) -> Run {
             "--steps",
             &STEPS.to_string(),
         ])
+        .args(script_args)
         .args(["--wait-file", go.to_str().unwrap()])
         .envs(script_env(steps))
         .stdout(Stdio::null())
@@ -119,8 +149,10 @@ fn attach(venv: &Path, dir: &Path, steps: Steps) -> Run {
     let text = wait_for_text(&log, "READY", 180);
     let pid = ready_pid(&text);
     assert_eq!(pid, target.id());
-    let mut tracer =
-        Background::spawn(&["-o", out_dir.to_str().unwrap(), "--pid", &pid.to_string()]);
+    let pid_arg = pid.to_string();
+    let mut args = vec!["-o", out_dir.to_str().unwrap(), "--pid", &pid_arg];
+    args.extend(tracer_args);
+    let mut tracer = Background::spawn(&args);
     tracer.wait_for("attached to pid", 120);
     fs::write(&go, b"").unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -133,11 +165,7 @@ fn attach(venv: &Path, dir: &Path, steps: Steps) -> Run {
     }
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
-    Run {
-        rows: rows_of(&out_dir, pid),
-        log: fs::read_to_string(&log).unwrap(),
-        stderr,
-    }
+    Run::read(&out_dir, fs::read_to_string(&log).unwrap(), stderr)
 }
 
 fn ready_pid(log: &str) -> u32 {
@@ -337,7 +365,7 @@ fn real_cuda_torch_launch() {
     let _guard = serial();
     for steps in [Steps::Nvtx, Steps::Mstx] {
         let dir = scratch(&format!("real_cuda_launch_{steps:?}"));
-        let run = launch(&venv, &dir, steps);
+        let run = launch(&venv, &dir, steps, false);
         check(&run, steps, &format!("launch, {steps:?} steps"));
     }
 }
@@ -349,6 +377,79 @@ fn real_cuda_torch_attach() {
     };
     let _guard = serial();
     let dir = scratch("real_cuda_attach");
-    let run = attach(&venv, &dir, Steps::Nvtx);
+    let run = attach(&venv, &dir, Steps::Nvtx, false);
     check(&run, Steps::Nvtx, "--pid, NVTX steps");
+}
+
+/// A `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our paths
+/// and names) as msMemScope's text, innermost first.
+fn stack_text(line: &str) -> String {
+    let json = line.split_once(" stack=").expect("stack field").1;
+    let json = json.split(' ').next().unwrap();
+    json.trim_start_matches("[[")
+        .trim_end_matches("]]")
+        .split("],[")
+        .map(|f| {
+            let parts: Vec<&str> = f.split(',').collect();
+            assert_eq!(parts.len(), 3, "frame {f:?}");
+            let (file, func) = (parts[0].trim_matches('"'), parts[2].trim_matches('"'));
+            format!("{file}({}): {func}\n", parts[1])
+        })
+        .collect()
+}
+
+/// Every PTA row of a tensor the script made or dropped carries the script's own Python stack
+/// on that line, exactly (the script's stack is shallower than the 16 frames kept).
+fn check_python_stacks(run: &Run, what: &str) {
+    let rows = &run.rows;
+    let script_file = script().display().to_string();
+    let mut next = 0;
+    let mut checked = 0;
+    for line in run.log.lines() {
+        let event = match line.split(' ').next() {
+            Some("ALLOC") => "MALLOC",
+            Some("FREE") => "FREE",
+            _ => continue,
+        };
+        let ptr = hex(log_fields(line)["ptr"]);
+        let pos = rows[next..]
+            .iter()
+            .position(|r| r.event_type == "PTA" && r.event == event && r.addr() == ptr)
+            .unwrap_or_else(|| panic!("{what}: no PTA {event} row for {line}\n{}", run.stderr));
+        let i = next + pos;
+        next = i + 1;
+        let want = stack_text(line);
+        assert!(
+            want.starts_with(&format!("{script_file}(")),
+            "{what}: {want}"
+        );
+        assert_eq!(
+            run.py_stacks[&rows[i].id], want,
+            "{what}: Python stack of {line}"
+        );
+        checked += 1;
+    }
+    // Three tensors made per step; three dropped in steps 1 and 2, two (one kept) after.
+    let steps = STEPS as usize;
+    assert_eq!(
+        checked,
+        3 * steps + 3 * 2 + 2 * (steps - 2),
+        "{what}: rows checked"
+    );
+}
+
+#[test]
+fn real_cuda_torch_python_stacks() {
+    let Some(venv) = cuda_venv("real_cuda_torch_python_stacks") else {
+        return;
+    };
+    let _guard = serial();
+    let dir = scratch("real_cuda_stacks_launch");
+    let run = launch(&venv, &dir, Steps::Nvtx, true);
+    check(&run, Steps::Nvtx, "launch, Python stacks");
+    check_python_stacks(&run, "launch");
+    let dir = scratch("real_cuda_stacks_attach");
+    let run = attach(&venv, &dir, Steps::Nvtx, true);
+    check(&run, Steps::Nvtx, "--pid, Python stacks");
+    check_python_stacks(&run, "--pid");
 }
