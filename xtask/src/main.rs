@@ -18,6 +18,7 @@ mod cuda_bed;
 mod demo;
 mod disk;
 mod fuzz;
+mod gpu;
 mod mindspore_bed;
 mod setup;
 mod torch_bed;
@@ -62,6 +63,12 @@ Commands:
         MEMSCOPE_AARCH64_TIMEOUT: seconds the VM may run (default 2400).
         --insn-cost: then also time a uprobe on each first instruction of
         tests/fixtures/bench/uprobe_insns.S in the VM (docs/placement.md).
+  test-gpu
+        The CUDA source on a real NVIDIA GPU (for a person to run there; never part
+        of `test`): PyPI's torch 2.8.0 with its nvidia-* wheels (~4 GB once) in
+        ~/.cache/memscope-bpf/cuda/venv-torch-2.8.0-gpu, tests/real_cuda.rs on the
+        real driver, and a training step's time untraced and traced side by side
+        (target/test-gpu/step_time.txt). Not yet run on real hardware.
   fuzz [SECONDS]
         The short fuzz run of the ELF/DWARF/CFI parsers that `test` ends with
         (default 30 s; installs cargo-fuzz on first use).
@@ -116,6 +123,7 @@ fn run(args: &[String]) -> Result<u8> {
             }
             Ok(0)
         }
+        "test-gpu" => gpu::run(&repo),
         "test-aarch64" => {
             let insn_cost = match rest {
                 [] => false,
