@@ -70,6 +70,8 @@ struct Run {
     rows: Vec<DumpRow>,
     /// Row id -> its Call Stack(Python) column.
     py_stacks: BTreeMap<u64, String>,
+    /// The process's output directory.
+    dir: PathBuf,
 }
 
 impl Run {
@@ -77,7 +79,8 @@ impl Run {
         let pid = ready_pid(&log);
         // Whole CSV records: the stack columns span lines.
         let mut py_stacks = BTreeMap::new();
-        for f in find_files(&process_dir(out_dir, pid).unwrap(), "memscope_dump_") {
+        let dir = process_dir(out_dir, pid).unwrap();
+        for f in find_files(&dir, "memscope_dump_") {
             for r in parse_dump_records(&fs::read_to_string(f).unwrap()) {
                 py_stacks.insert(r[0].parse().unwrap(), r[10].clone());
             }
@@ -85,6 +88,7 @@ impl Run {
         Run {
             rows: rows_of(out_dir, pid),
             py_stacks,
+            dir,
             log,
             stderr,
         }
@@ -92,12 +96,12 @@ impl Run {
 }
 
 /// The tracer's and the script's arguments for Python stacks (`traceback.extract_stack()` on
-/// the line that makes or drops each tensor).
+/// the line that makes or drops each tensor), or else for memory by owner (decompose).
 fn stack_args(stacks: bool) -> (&'static [&'static str], &'static [&'static str]) {
     if stacks {
         (&["--call-stack=python"], &["--stacks"])
     } else {
-        (&[], &[])
+        (&["--analysis=leaks,decompose"], &[])
     }
 }
 
@@ -357,6 +361,26 @@ fn check(run: &Run, steps: Steps, what: &str) {
     }
 }
 
+/// `--analysis=decompose`: at the end of every step the PTA owner holds memory_allocated() and
+/// the CUDA runtime's memory (owner `CUDA`) memory_reserved().
+fn check_decompose(run: &Run, what: &str) {
+    let csv = find_files(&run.dir, "decompose_");
+    assert_eq!(csv.len(), 1, "{what}: one decompose file");
+    let text = fs::read_to_string(&csv[0]).unwrap();
+    let owner = |step: &str, owner: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{step},{owner},")))
+            .unwrap_or_else(|| panic!("{what}: no {owner} in step {step}:\n{text}"));
+        line.split(',').nth(2).unwrap().parse().unwrap()
+    };
+    for s in log_lines(&run.log, "STEP") {
+        let (allocated, reserved) = (num(&s, "allocated"), num(&s, "reserved"));
+        assert_eq!(owner(s["n"], "PTA"), allocated, "{what}: {s:?}\n{text}");
+        assert_eq!(owner(s["n"], "CUDA"), reserved, "{what}: {s:?}\n{text}");
+    }
+}
+
 #[test]
 fn real_cuda_torch_launch() {
     let Some(venv) = cuda_venv("real_cuda_torch_launch") else {
@@ -366,7 +390,9 @@ fn real_cuda_torch_launch() {
     for steps in [Steps::Nvtx, Steps::Mstx] {
         let dir = scratch(&format!("real_cuda_launch_{steps:?}"));
         let run = launch(&venv, &dir, steps, false);
-        check(&run, steps, &format!("launch, {steps:?} steps"));
+        let what = format!("launch, {steps:?} steps");
+        check(&run, steps, &what);
+        check_decompose(&run, &what);
     }
 }
 
@@ -379,6 +405,7 @@ fn real_cuda_torch_attach() {
     let dir = scratch("real_cuda_attach");
     let run = attach(&venv, &dir, Steps::Nvtx, false);
     check(&run, Steps::Nvtx, "--pid, NVTX steps");
+    check_decompose(&run, "--pid, NVTX steps");
 }
 
 /// A `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our paths

@@ -8,6 +8,10 @@
 
 use crate::events::pools::{PoolKind, RegionChange};
 
+/// The module id of the CUDA runtime's blocks (no HAL module has it): their rows say `CUDA`
+/// and decompose names their owner `CUDA`.
+pub const RUNTIME_MODULE: u32 = u32::MAX - 1;
+
 /// `c10::DeviceType::CUDA`.
 pub const DEVICE_TYPE_CUDA: u8 = 1;
 

@@ -31,7 +31,7 @@ fn owner_of(row: &DumpRow) -> String {
         return o.to_string();
     }
     match row.event_type.as_str() {
-        "PTA" | "MINDSPORE" | "ATB" => row.event_type.clone(),
+        "PTA" | "MINDSPORE" | "ATB" | "CUDA" => row.event_type.clone(),
         _ => match row.attr("MID").and_then(|m| m.trim().parse::<u32>().ok()) {
             Some(id) => format!("CANN@{}", crate::state::module_label(id)),
             None => "CANN@UNKNOWN".to_string(),

@@ -127,7 +127,7 @@ fn tensor_leak_json(model: &Model, t: &TensorLeak) -> Value {
     let stacks = Stacks::of_block(b);
     let why = t.why("at the end");
     json!({"site": stacks.site(), "stack": stacks.text(), "step": b.step, "size": b.size,
-        "pool": b.kind.event_type(), "addr": format!("{:#018x}", b.addr),
+        "pool": b.event_type(), "addr": format!("{:#018x}", b.addr),
         "alloc_id": b.allocation_id, "t": secs(model, b.ts_ns), "tid": b.tid, "why": why})
 }
 

@@ -195,7 +195,7 @@ pub fn write_trace(model: &Model, w: impl Write) -> std::io::Result<()> {
             out.push(json!({"ph": "i", "s": "p", "cat": "leak",
                 "name": format!("leaked tensor: {} bytes from {site} (step {})", b.size, b.step),
                 "pid": pid, "tid": b.tid, "ts": us(model, b.ts_ns),
-                "args": {"device": b.device, "size": b.size, "pool": b.kind.event_type(),
+                "args": {"device": b.device, "size": b.size, "pool": b.event_type(),
                     "addr": format!("{:#018x}", b.addr), "allocation_id": b.allocation_id,
                     "step": b.step, "outlived_to_step": t.outlived_to_step,
                     "live_at_end": t.live_at_end, "site": site, "stack": stacks.text()}}))?;

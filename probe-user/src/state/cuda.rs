@@ -26,7 +26,6 @@ impl ProcessState {
         opts: &TrackOptions,
         rows: &mut Vec<Row>,
     ) {
-        self.cuda_runtime = true;
         let host = cuda::is_host(api);
         let device = if host {
             DEVICE_CPU
@@ -64,7 +63,7 @@ impl ProcessState {
             kind,
             ev.tid,
             ts_ns,
-            u32::MAX,
+            cuda::RUNTIME_MODULE,
             PageType::Normal,
         );
         self.insert_block(block, false, opts, ts_ns, rows);
@@ -79,7 +78,6 @@ impl ProcessState {
         opts: &TrackOptions,
         rows: &mut Vec<Row>,
     ) {
-        self.cuda_runtime = true;
         if ret != 0 {
             self.stats.failed_frees += 1;
             return;

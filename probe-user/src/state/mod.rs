@@ -54,8 +54,8 @@ pub enum BlockKind {
 }
 
 impl BlockKind {
-    /// The "Event Type" of an Ascend block (the CUDA runtime's device blocks say `CUDA`:
-    /// `ProcessState::block_event_type`).
+    /// The "Event Type" of a block of this kind (`Block::event_type` says `CUDA` for the CUDA
+    /// runtime's).
     pub fn event_type(self) -> &'static str {
         match self {
             BlockKind::PinnedHost => "HOST",
@@ -90,6 +90,15 @@ pub struct Block {
 }
 
 impl Block {
+    /// The "Event Type" of the block's rows: its kind's, but `CUDA` for the CUDA runtime's
+    /// device memory (which is driver memory as the HAL's is on Ascend).
+    pub fn event_type(&self) -> &'static str {
+        match self.kind {
+            BlockKind::Device if self.module_id == crate::events::cuda::RUNTIME_MODULE => "CUDA",
+            kind => kind.event_type(),
+        }
+    }
+
     /// The decompose label of the block (spec §2.7): `CANN@<module>` for driver memory (by the
     /// module of the allocation flag, or of `drv_mem_prop`), the pool for pool regions.
     pub fn owner(&self) -> String {
@@ -98,6 +107,7 @@ impl Block {
             BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE",
             BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE",
             BlockKind::Pool(PoolKind::Atb) => "ATB",
+            _ if self.module_id == crate::events::cuda::RUNTIME_MODULE => return "CUDA".into(),
             _ => return format!("CANN@{}", module_label(self.module_id)),
         };
         labels::compose(framework, self.labels.as_deref())
@@ -238,8 +248,6 @@ pub struct ProcessState {
     /// torch_npu's report function got something that is not a `MemoryUsage`: the located
     /// function is not what we think, so nothing more is read from it.
     pta_refused: bool,
-    /// The process's driver blocks come from the CUDA runtime: their rows say `CUDA`, not `HAL`.
-    cuda_runtime: bool,
     /// The NVTX ranges each thread has open (innermost last), and the last id given.
     nvtx_ranges: HashMap<u32, Vec<u64>>,
     nvtx_next: u64,
@@ -390,5 +398,8 @@ impl ProcessState {
 
 /// The module name for the summary (`UNKNOWN` outside the table, as decompose labels it).
 pub fn module_label(id: u32) -> &'static str {
-    hal::module_name(id).unwrap_or("UNKNOWN")
+    match id {
+        crate::events::cuda::RUNTIME_MODULE => "CUDA",
+        _ => hal::module_name(id).unwrap_or("UNKNOWN"),
+    }
 }

@@ -103,7 +103,7 @@ impl ProcessState {
     fn block_row(&self, event: &'static str, b: &Block, tid: u32, ts_ns: u64, attr: String) -> Row {
         Row {
             event,
-            event_type: self.block_event_type(b.kind),
+            event_type: b.event_type(),
             name: "N/A".into(),
             ts_ns,
             pid: self.pid,
@@ -114,14 +114,6 @@ impl ProcessState {
             attr,
             c_stack: None,
             py_stack: None,
-        }
-    }
-
-    /// The "Event Type" of a block's rows in this process.
-    pub(super) fn block_event_type(&self, kind: BlockKind) -> &'static str {
-        match kind {
-            BlockKind::Device if self.cuda_runtime => "CUDA",
-            _ => kind.event_type(),
         }
     }
 
