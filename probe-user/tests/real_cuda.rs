@@ -480,3 +480,51 @@ fn real_cuda_torch_python_stacks() {
     check(&run, Steps::Nvtx, "--pid, Python stacks");
     check_python_stacks(&run, "--pid");
 }
+
+/// `--memory-snapshot` of a CUDA job against torch's own (`_record_memory_history` from the
+/// first tensor, `_dump_snapshot` at the end, the cache kept): the same segments, blocks,
+/// alloc/free actions in order, and script lines in their Python frames
+/// (tests/tools/snapshot_check.py, in the bed's Python).
+#[test]
+fn real_cuda_snapshot_matches_torchs_own() {
+    let Some(venv) = cuda_venv("real_cuda_snapshot_matches_torchs_own") else {
+        return;
+    };
+    let _guard = serial();
+    let dir = scratch("real_cuda_snapshot");
+    let out_dir = dir.join("out");
+    let theirs = dir.join("theirs.pickle");
+    let log = dir.join("gt.log");
+    let out = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--memory-snapshot"])
+        .args(["--call-stack=python", "--"])
+        .arg(venv.join("bin/python"))
+        .arg(script())
+        .args(["--log", log.to_str().unwrap(), "--keep-cache"])
+        .args(["--snapshot", theirs.to_str().unwrap()])
+        .output()
+        .expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tracer failed:\n{stderr}");
+    let pid = ready_pid(&fs::read_to_string(&log).unwrap());
+    let ours = process_dir(&out_dir, pid)
+        .unwrap()
+        .join("memory_snapshot.pickle");
+    assert!(ours.is_file(), "no {}:\n{stderr}", ours.display());
+    let check = Command::new(venv.join("bin/python"))
+        .arg(repo_root().join("tests/tools/snapshot_check.py"))
+        .arg("compare")
+        .args([&ours, &theirs, &script()])
+        .output()
+        .expect("run snapshot_check.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        check.status.success(),
+        "snapshot_check.py compare:\n{text}\n{stderr}"
+    );
+    eprintln!("{text}");
+}
