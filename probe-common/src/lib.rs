@@ -13,7 +13,7 @@ pub const DATA_LEN: usize = 256;
 /// Number of function arguments captured at entry.
 pub const MAX_ARGS: usize = 6;
 /// Size of the `PROBE_SPECS` array; probe ids are `0..MAX_PROBES`.
-pub const MAX_PROBES: u32 = 64;
+pub const MAX_PROBES: u32 = 128;
 
 /// The bits of an attach cookie that are the probe id. User space may use the bits above
 /// (e.g. a function index when one probe id serves many functions of a library): the BPF

@@ -54,14 +54,36 @@ enum Steps {
     Mstx,
 }
 
-fn script_env(steps: Steps) -> Vec<(String, String)> {
-    match steps {
-        Steps::Nvtx => vec![],
-        Steps::Mstx => {
-            let lib = fixtures().join("lib").display().to_string();
-            vec![("LD_LIBRARY_PATH".into(), lib)]
-        }
+/// How a run is made and what it is checked for.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    steps: Steps,
+    /// `--call-stack=python` and the script's own stacks; else `--analysis=leaks,decompose`.
+    stacks: bool,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: the allocator's segments are the
+    /// driver's `cuMemCreate` handles mapped into reserved ranges, not `cudaMalloc` blocks.
+    expandable: bool,
+}
+
+const NVTX: Mode = Mode {
+    steps: Steps::Nvtx,
+    stacks: false,
+    expandable: false,
+};
+
+fn script_env(mode: Mode) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if mode.steps == Steps::Mstx {
+        let lib = fixtures().join("lib").display().to_string();
+        env.push(("LD_LIBRARY_PATH".into(), lib));
     }
+    if mode.expandable {
+        env.push((
+            "PYTORCH_CUDA_ALLOC_CONF".into(),
+            "expandable_segments:True".into(),
+        ));
+    }
+    env
 }
 
 struct Run {
@@ -105,10 +127,10 @@ fn stack_args(stacks: bool) -> (&'static [&'static str], &'static [&'static str]
     }
 }
 
-fn launch(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
+fn launch(venv: &Path, dir: &Path, mode: Mode) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
-    let (tracer_args, script_args) = stack_args(stacks);
+    let (tracer_args, script_args) = stack_args(mode.stacks);
     let out = Command::new(TRACER)
         .args(["-o", out_dir.to_str().unwrap()])
         .args(tracer_args)
@@ -122,7 +144,7 @@ fn launch(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
             &STEPS.to_string(),
         ])
         .args(script_args)
-        .envs(script_env(steps))
+        .envs(script_env(mode))
         .output()
         .expect("run memscope-bpf");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -131,11 +153,11 @@ fn launch(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
 }
 
 /// The script started on its own; `memscope-bpf --pid` attaches once CUDA is initialised.
-fn attach(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
+fn attach(venv: &Path, dir: &Path, mode: Mode) -> Run {
     let out_dir = dir.join("out");
     let log = dir.join("gt.log");
     let go = dir.join("go");
-    let (tracer_args, script_args) = stack_args(stacks);
+    let (tracer_args, script_args) = stack_args(mode.stacks);
     let mut target = Command::new(venv.join("bin/python"))
         .arg(script())
         .args([
@@ -146,7 +168,7 @@ fn attach(venv: &Path, dir: &Path, steps: Steps, stacks: bool) -> Run {
         ])
         .args(script_args)
         .args(["--wait-file", go.to_str().unwrap()])
-        .envs(script_env(steps))
+        .envs(script_env(mode))
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
@@ -214,9 +236,35 @@ fn live_segments(rows: &[DumpRow]) -> String {
         .join(",")
 }
 
+/// The driver memory live after `rows` against the script's figures at that moment: exactly
+/// the allocator's own segments (`cudaMalloc` blocks), or with expandable segments the bytes of
+/// the live `cuMemCreate` handles, which are `memory_reserved()`.
+fn check_driver(rows: &[DumpRow], fields: &BTreeMap<&str, &str>, mode: Mode, ctx: &str) {
+    if !mode.expandable {
+        assert_eq!(live_segments(rows), fields["segments"], "{ctx}");
+        return;
+    }
+    let mut live = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.event_type == "CUDA") {
+        assert_eq!(
+            r.attr.get("alloc_type").map_or("create", |t| t),
+            "create",
+            "{ctx}: {r:?}"
+        );
+        match r.event.as_str() {
+            "MALLOC" => live.insert(r.addr(), r.size()),
+            "FREE" => live.remove(&r.addr()),
+            _ => None,
+        };
+    }
+    assert!(!live.is_empty(), "{ctx}: no cuMemCreate handle live");
+    assert_eq!(live.values().sum::<u64>(), num(fields, "reserved"), "{ctx}");
+}
+
 /// Checks a run row for row against the script's own log.
-fn check(run: &Run, steps: Steps, what: &str) {
+fn check(run: &Run, mode: Mode, what: &str) {
     let rows = &run.rows;
+    let steps = mode.steps;
     let marked_by = log_lines(&run.log, "READY")[0]["steps"];
     assert_eq!(
         marked_by,
@@ -315,12 +363,7 @@ fn check(run: &Run, steps: Steps, what: &str) {
             "{}",
             ctx(&format!("{s:?}"))
         );
-        assert_eq!(
-            live_segments(&rows[..*end]),
-            s["segments"],
-            "{}",
-            ctx(&format!("CUDA {s:?}"))
-        );
+        check_driver(&rows[..*end], s, mode, &ctx(&format!("CUDA {s:?}")));
     }
     // empty_cache() gives back the segments of no live tensor (cudaFree rows); what is live
     // before the interpreter drops the kept tensors at exit is what the allocator kept.
@@ -331,11 +374,11 @@ fn check(run: &Run, steps: Steps, what: &str) {
         .copied()
         .find(|&i| i > last_end)
         .unwrap_or(rows.len());
-    assert_eq!(
-        live_segments(&rows[..exit_frees]),
-        empty["segments"],
-        "{}",
-        ctx("CUDA segments after empty_cache")
+    check_driver(
+        &rows[..exit_frees],
+        empty,
+        mode,
+        &ctx("CUDA segments after empty_cache"),
     );
 
     // The per-step leak report names every kept tensor with its step, and nothing else (a
@@ -389,9 +432,10 @@ fn real_cuda_torch_launch() {
     let _guard = serial();
     for steps in [Steps::Nvtx, Steps::Mstx] {
         let dir = scratch(&format!("real_cuda_launch_{steps:?}"));
-        let run = launch(&venv, &dir, steps, false);
+        let mode = Mode { steps, ..NVTX };
+        let run = launch(&venv, &dir, mode);
         let what = format!("launch, {steps:?} steps");
-        check(&run, steps, &what);
+        check(&run, mode, &what);
         check_decompose(&run, &what);
     }
 }
@@ -403,9 +447,32 @@ fn real_cuda_torch_attach() {
     };
     let _guard = serial();
     let dir = scratch("real_cuda_attach");
-    let run = attach(&venv, &dir, Steps::Nvtx, false);
-    check(&run, Steps::Nvtx, "--pid, NVTX steps");
+    let run = attach(&venv, &dir, NVTX);
+    check(&run, NVTX, "--pid, NVTX steps");
     check_decompose(&run, "--pid, NVTX steps");
+}
+
+/// torch's expandable segments: the caching allocator's memory is the driver's `cuMemCreate`
+/// handles mapped (`cuMemMap`) into reserved ranges; the handles are CUDA rows that add up to
+/// memory_reserved() and decompose's `CUDA` owner, the blocks PTA rows as before.
+#[test]
+fn real_cuda_torch_expandable_segments() {
+    let Some(venv) = cuda_venv("real_cuda_torch_expandable_segments") else {
+        return;
+    };
+    let _guard = serial();
+    let mode = Mode {
+        expandable: true,
+        ..NVTX
+    };
+    let dir = scratch("real_cuda_expandable_launch");
+    let run = launch(&venv, &dir, mode);
+    check(&run, mode, "launch, expandable segments");
+    check_decompose(&run, "launch, expandable segments");
+    let dir = scratch("real_cuda_expandable_attach");
+    let run = attach(&venv, &dir, mode);
+    check(&run, mode, "--pid, expandable segments");
+    check_decompose(&run, "--pid, expandable segments");
 }
 
 /// A `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our paths
@@ -471,13 +538,17 @@ fn real_cuda_torch_python_stacks() {
         return;
     };
     let _guard = serial();
+    let mode = Mode {
+        stacks: true,
+        ..NVTX
+    };
     let dir = scratch("real_cuda_stacks_launch");
-    let run = launch(&venv, &dir, Steps::Nvtx, true);
-    check(&run, Steps::Nvtx, "launch, Python stacks");
+    let run = launch(&venv, &dir, mode);
+    check(&run, mode, "launch, Python stacks");
     check_python_stacks(&run, "launch");
     let dir = scratch("real_cuda_stacks_attach");
-    let run = attach(&venv, &dir, Steps::Nvtx, true);
-    check(&run, Steps::Nvtx, "--pid, Python stacks");
+    let run = attach(&venv, &dir, mode);
+    check(&run, mode, "--pid, Python stacks");
     check_python_stacks(&run, "--pid");
 }
 

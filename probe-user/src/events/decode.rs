@@ -171,6 +171,13 @@ pub enum Call {
         addr: u64,
         ret: i32,
     },
+    /// The driver's `cuMemCreate`: physical memory behind a handle (torch's expandable
+    /// segments map it with `cuMemMap`, decoded as `VmmMap`).
+    CudaCreate {
+        size: u64,
+        ret: i32,
+        handle: Option<u64>,
+    },
     /// c10's caching allocator reported a block (`events/cuda.rs`).
     C10Usage(crate::events::cuda::C10Report),
     /// An operator of the op API ran (`aclnn.rs`): `op` indexes the registered names.

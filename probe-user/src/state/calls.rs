@@ -330,6 +330,9 @@ impl ProcessState {
             Call::CudaFree { addr, ret, .. } => {
                 self.cuda_free(ev, *addr, *ret, ts_ns, opts, &mut rows)
             }
+            Call::CudaCreate { size, ret, handle } => {
+                self.cuda_create(ev, (*size, *ret, *handle), ts_ns, opts, &mut rows)
+            }
             Call::C10Usage(report) => self.c10_usage(ev, report, ts_ns, opts, &mut rows),
             Call::RangePush { .. } | Call::RangePop => {
                 if let Some(range) = self.nvtx_as_mstx(ev) {

@@ -1,6 +1,6 @@
 //! What the CUDA runtime's memory calls and c10's allocator reports do to a process: driver
-//! blocks (`cudaMalloc*`, pinned host memory from `cudaMallocHost`/`cudaHostAlloc`) as the HAL's
-//! are on Ascend, written with the event type `CUDA`, and the caching allocator's blocks as the
+//! blocks (`cudaMalloc*`, pinned host memory from `cudaMallocHost`/`cudaHostAlloc`, the driver's
+//! `cuMemCreate` handles) as the HAL's are on Ascend, written with the event type `CUDA`, and the caching allocator's blocks as the
 //! PyTorch pool with its own `memory_allocated()`/`memory_reserved()`; NVTX's push/pop ranges
 //! as the mstx ranges they stand for.
 
@@ -16,6 +16,8 @@ const NVTX_RANGE_IDS: u64 = 1 << 62;
 
 /// `cudaErrorMemoryAllocation`.
 const CUDA_ERROR_MEMORY_ALLOCATION: i32 = 2;
+/// The driver's `CUDA_ERROR_OUT_OF_MEMORY`.
+const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 
 impl ProcessState {
     pub(super) fn cuda_alloc(
@@ -67,6 +69,45 @@ impl ProcessState {
             PageType::Normal,
         );
         self.insert_block(block, false, opts, ts_ns, rows);
+    }
+
+    /// `cuMemCreate`: a physical handle, the driver memory behind an expandable segment's
+    /// mappings (`vmm.rs` makes it the pool's segment once a block lies over its mapping).
+    pub(super) fn cuda_create(
+        &mut self,
+        ev: &CallEvent,
+        (size, ret, handle): (u64, i32, Option<u64>),
+        ts_ns: u64,
+        opts: &TrackOptions,
+        rows: &mut Vec<Row>,
+    ) {
+        let device = self.pool_device(ev.tid);
+        let Some(handle) = handle.filter(|_| ret == 0) else {
+            self.stats.failed_allocs += 1;
+            if ret == CUDA_ERROR_OUT_OF_MEMORY
+                && let Some(k) = opts.oom_top_k
+            {
+                self.oom("cuMemCreate", size, 0, device, ev.tid, ts_ns, k, rows);
+            }
+            return;
+        };
+        if !self.wants_device(opts, device) {
+            self.stats.filtered += 1;
+            self.filtered_addrs.insert(handle);
+            return;
+        }
+        self.stats.creates += 1;
+        let block = self.new_block(
+            handle,
+            size,
+            device,
+            BlockKind::Handle,
+            ev.tid,
+            ts_ns,
+            cuda::RUNTIME_MODULE,
+            PageType::Normal,
+        );
+        self.insert_block(block, true, opts, ts_ns, rows);
     }
 
     pub(super) fn cuda_free(

@@ -91,10 +91,15 @@ pub struct Block {
 
 impl Block {
     /// The "Event Type" of the block's rows: its kind's, but `CUDA` for the CUDA runtime's
-    /// device memory (which is driver memory as the HAL's is on Ascend).
+    /// device memory and the driver's physical handles (driver memory as the HAL's is on
+    /// Ascend).
     pub fn event_type(&self) -> &'static str {
         match self.kind {
-            BlockKind::Device if self.module_id == crate::events::cuda::RUNTIME_MODULE => "CUDA",
+            BlockKind::Device | BlockKind::Handle
+                if self.module_id == crate::events::cuda::RUNTIME_MODULE =>
+            {
+                "CUDA"
+            }
             kind => kind.event_type(),
         }
     }

@@ -82,6 +82,12 @@ pub enum ProbeId {
     C10ReportMemoryUsage = 61,
     NvtxRangePushA = 62,
     NvtxRangePop = 63,
+    CuMemAddressReserve = 64,
+    CuMemAddressFree = 65,
+    CuMemCreate = 66,
+    CuMemRelease = 67,
+    CuMemMap = 68,
+    CuMemUnmap = 69,
 }
 
 impl ProbeId {
@@ -265,7 +271,7 @@ pub mod atb;
 pub mod cuda;
 
 /// Every probe: Ascend's, then CUDA's.
-pub const PROBES: [ProbeDef; 63] = concat(ASCEND, cuda::PROBES);
+pub const PROBES: [ProbeDef; 69] = concat(ASCEND, cuda::PROBES);
 
 const fn concat<const A: usize, const B: usize, const N: usize>(
     a: [ProbeDef; A],

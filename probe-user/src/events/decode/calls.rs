@@ -94,7 +94,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ret_ts_ns,
         ),
-        ProbeId::HalMemRelease => (
+        ProbeId::HalMemRelease | ProbeId::CuMemRelease => (
             Call::HalRelease {
                 handle: raw.args[0],
                 ret,
@@ -167,7 +167,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 Err(why) => (Call::PtaNotUsage(why), raw.ts_ns),
             }
         }
-        ProbeId::AclrtReserveMemAddress => (
+        ProbeId::AclrtReserveMemAddress | ProbeId::CuMemAddressReserve => (
             Call::VmmReserve {
                 addr: deref,
                 size: raw.args[1],
@@ -175,14 +175,14 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ret_ts_ns,
         ),
-        ProbeId::AclrtReleaseMemAddress => (
+        ProbeId::AclrtReleaseMemAddress | ProbeId::CuMemAddressFree => (
             Call::VmmRelease {
                 addr: raw.args[0],
                 ret,
             },
             raw.ts_ns,
         ),
-        ProbeId::AclrtMapMem => (
+        ProbeId::AclrtMapMem | ProbeId::CuMemMap => (
             Call::VmmMap {
                 addr: raw.args[0],
                 size: raw.args[1],
@@ -191,7 +191,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             },
             raw.ret_ts_ns,
         ),
-        ProbeId::AclrtUnmapMem => (
+        ProbeId::AclrtUnmapMem | ProbeId::CuMemUnmap => (
             Call::VmmUnmap {
                 addr: raw.args[0],
                 ret,
@@ -240,6 +240,14 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 ret,
             },
             raw.ts_ns,
+        ),
+        ProbeId::CuMemCreate => (
+            Call::CudaCreate {
+                size: raw.args[1],
+                ret,
+                handle: deref,
+            },
+            raw.ret_ts_ns,
         ),
         ProbeId::CudaSetDevice => (
             Call::SetDevice {

@@ -1,7 +1,8 @@
 //! The CUDA source's probes: the runtime's memory entry points (`libcudart.so`, driver-level
 //! rows like the HAL's on Ascend), the c10 caching allocator's report function (`libc10.so`,
-//! the framework pool's rows like torch_npu's) and NVTX's push/pop ranges
-//! (`libnvToolsExt.so`, steps like mstx ranges). Both libraries export them, so no
+//! the framework pool's rows like torch_npu's), the driver's virtual memory management
+//! (`libcuda.so`: torch's expandable segments, as `aclrt*Mem*` on Ascend) and NVTX's push/pop
+//! ranges (`libnvToolsExt.so`, steps like mstx ranges). Both libraries export them, so no
 //! code analysis is needed (unlike `libtorch_npu.so`).
 
 use super::{Home, ProbeDef, ProbeId, keeping, spec};
@@ -9,6 +10,7 @@ use probe_common::spec_flags as sf;
 
 pub const CUDART_LIBRARY: &str = "libcudart.so";
 pub const C10_LIBRARY: &str = "libc10.so";
+pub const DRIVER_LIBRARY: &str = "libcuda.so";
 /// NVTX's library (the `nvidia-nvtx-cu12` wheel's, or the CUDA toolkit's). Code built with the
 /// header-only NVTX 3 (torch's own `torch.cuda.nvtx`) calls through a table an injected tool
 /// fills, and exports nothing a probe could sit on.
@@ -48,7 +50,7 @@ const fn free(id: ProbeId, symbol: &'static str) -> ProbeDef {
     }
 }
 
-pub const PROBES: [ProbeDef; 12] = [
+pub const PROBES: [ProbeDef; 18] = [
     allocation(ProbeId::CudaMalloc, "cudaMalloc"),
     allocation(ProbeId::CudaMallocAsync, "cudaMallocAsync"),
     allocation(ProbeId::CudaMallocManaged, "cudaMallocManaged"),
@@ -70,6 +72,59 @@ pub const PROBES: [ProbeDef; 12] = [
         symbol: C10_REPORT_MEMORY_USAGE,
         home: Home::Library(C10_LIBRARY),
         spec: keeping(spec(0, 0, 0, 0), &[0, 1, 2, 3, 4]),
+    },
+    // CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+    // CUdeviceptr addr, unsigned long long flags): *ptr read at return.
+    ProbeDef {
+        id: ProbeId::CuMemAddressReserve,
+        symbol: "cuMemAddressReserve",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::DEREF_AT_RETURN, 0, 0, 0), &[1]),
+    },
+    // CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+    ProbeDef {
+        id: ProbeId::CuMemAddressFree,
+        symbol: "cuMemAddressFree",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
+    },
+    // CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+    // const CUmemAllocationProp *prop, unsigned long long flags): the handle read at return.
+    ProbeDef {
+        id: ProbeId::CuMemCreate,
+        symbol: "cuMemCreate",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(
+            spec(
+                sf::WANTS_RETURN | sf::DEREF_AT_RETURN | sf::TIME_AT_RETURN,
+                0,
+                0,
+                0,
+            ),
+            &[1],
+        ),
+    },
+    // CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+    ProbeDef {
+        id: ProbeId::CuMemRelease,
+        symbol: "cuMemRelease",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN | sf::TIME_AT_ENTRY, 0, 0, 0), &[0]),
+    },
+    // CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+    // CUmemGenericAllocationHandle handle, unsigned long long flags)
+    ProbeDef {
+        id: ProbeId::CuMemMap,
+        symbol: "cuMemMap",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0, 1, 3]),
+    },
+    // CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+    ProbeDef {
+        id: ProbeId::CuMemUnmap,
+        symbol: "cuMemUnmap",
+        home: Home::Library(DRIVER_LIBRARY),
+        spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
     },
     // int nvtxRangePushA(const char *message): the message is copied at entry.
     ProbeDef {
