@@ -599,3 +599,80 @@ fn real_cuda_snapshot_matches_torchs_own() {
     );
     eprintln!("{text}");
 }
+
+/// `--analysis=oom:3` when torch asks the (512 MiB) device for 1 TiB: the failed `cudaMalloc` is
+/// an OOM_TRIGGER row, followed by the most recent allocations (the tensors the script holds,
+/// newest first, and the segment made for one of them) and the largest live blocks, as the rows
+/// before it say; torch itself raised its OutOfMemoryError.
+#[test]
+fn real_cuda_oom_report() {
+    let Some(venv) = cuda_venv("real_cuda_oom_report") else {
+        return;
+    };
+    let _guard = serial();
+    let dir = scratch("real_cuda_oom");
+    let out_dir = dir.join("out");
+    let log = dir.join("gt.log");
+    let out = Command::new(TRACER)
+        .args(["-o", out_dir.to_str().unwrap(), "--analysis=oom:3", "--"])
+        .arg(venv.join("bin/python"))
+        .arg(script())
+        .args(["--log", log.to_str().unwrap(), "--steps", "2", "--oom"])
+        .env("CUDA_SIM_TOTAL_MIB", "512")
+        .output()
+        .expect("run memscope-bpf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let log = fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("\nOOM message=CUDA_out_of_memory"),
+        "torch did not raise its OOM error:\n{log}"
+    );
+    let rows = rows_of(&out_dir, ready_pid(&log));
+    let trigger = rows
+        .iter()
+        .position(|r| r.event_type == "OOM_TRIGGER")
+        .unwrap_or_else(|| panic!("no OOM_TRIGGER row\n{stderr}"));
+    assert_eq!(rows[trigger].attr["func"], "cudaMalloc");
+    assert!(rows[trigger].attr["req_size"].parse::<u64>().unwrap() >= 1 << 40);
+    let detail = |ty: &str| -> Vec<(String, u64, u64)> {
+        rows[trigger + 1..]
+            .iter()
+            .take_while(|r| r.event_type != "OOM_TRIGGER")
+            .filter(|r| r.event_type == ty)
+            .map(|r| {
+                let size = r.attr["size"].parse().unwrap();
+                (r.attr["pool"].clone(), hex(&r.attr["ptr"]), size)
+            })
+            .collect()
+    };
+    // The blocks live before the trigger (CUDA segments and PTA blocks), by time and by size.
+    let mut live: BTreeMap<(String, u64), (u64, u64)> = BTreeMap::new();
+    for (i, r) in rows[..trigger].iter().enumerate() {
+        if !matches!(r.event_type.as_str(), "CUDA" | "PTA") {
+            continue;
+        }
+        let key = (r.event_type.clone(), r.addr());
+        match r.event.as_str() {
+            "MALLOC" => live.insert(key, (r.size(), i as u64)),
+            "FREE" => live.remove(&key),
+            _ => None,
+        };
+    }
+    let ranked = |by: &dyn Fn(&(u64, u64)) -> u64| -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = live.iter().collect();
+        v.sort_by_key(|(_, v)| std::cmp::Reverse(by(v)));
+        v.iter()
+            .take(3)
+            .map(|((ty, a), (s, _))| (ty.clone(), *a, *s))
+            .collect()
+    };
+    assert_eq!(detail("OOM_RECENT_ALLOC"), ranked(&|v| v.1), "{stderr}");
+    assert_eq!(detail("OOM_TOP_ALLOC"), ranked(&|v| v.0), "{stderr}");
+    // The script's newest held tensor is the most recent allocation.
+    let newest = log_lines(&log, "ALLOC")
+        .last()
+        .map(|a| hex(a["ptr"]))
+        .unwrap();
+    assert_eq!(detail("OOM_RECENT_ALLOC")[0].1, newest, "{stderr}");
+}

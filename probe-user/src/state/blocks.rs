@@ -58,7 +58,8 @@ impl ProcessState {
                     BlockKind::Pool(PoolKind::PtaWorkspace) => "PTA_WORKSPACE",
                     BlockKind::Pool(PoolKind::Atb) => "ATB",
                     BlockKind::Pool(PoolKind::MindSpore) => "MINDSPORE",
-                    _ => "HAL",
+                    // HAL, or CUDA for the CUDA runtime's and driver's memory.
+                    _ => b.event_type(),
                 };
                 rows.push(Row {
                     event_type,
