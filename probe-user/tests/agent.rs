@@ -1023,3 +1023,87 @@ fn agent_reports_a_real_torch_npu_job_by_owner_with_python_frames() {
     }
     agent.stop();
 }
+
+/// The agent on PyPI's CUDA torch (the CUDA test bed, xtask/src/cuda_bed.rs): a job started
+/// after the agent is picked up at its first CUDA tensor (`--lib` puts the probes in the bed's
+/// `libcudart.so.12` and `libc10.so` at start), and while it holds its tensors after
+/// `empty_cache()`,
+/// /metrics says what the job itself printed: PTA live bytes = `memory_allocated()` (c10's
+/// reports), CUDA live bytes = `memory_reserved()` (the runtime's `cudaMalloc` segments).
+#[test]
+fn agent_reports_a_cuda_torch_job_by_owner() {
+    const TEST: &str = "agent_reports_a_cuda_torch_job_by_owner";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(venv) = std::env::var_os("MEMSCOPE_CUDA_VENV").map(PathBuf::from) else {
+        println!("SKIPPED {TEST}: MEMSCOPE_CUDA_VENV is not set (cargo xtask test sets it)");
+        return;
+    };
+    let _g = serial();
+    let site = venv.join("lib/python3.11/site-packages");
+    let cudart = site.join("nvidia/cuda_runtime/lib/libcudart.so.12");
+    let c10 = site.join("torch/lib/libc10.so");
+    let agent = Agent::start_without_libs(&[
+        "--lib",
+        cudart.to_str().unwrap(),
+        "--lib",
+        c10.to_str().unwrap(),
+        "--sample-bytes",
+        "0",
+    ]);
+    let dir = scratch("agent-cuda");
+    let (log, go, hold) = (dir.join("gt.log"), dir.join("go"), dir.join("hold"));
+    let _release_hold = GoOnDrop(hold.clone());
+    let _release_go = GoOnDrop(go.clone());
+    let _job = KillOnDrop(
+        Command::new(venv.join("bin/python"))
+            .arg(repo_root().join("tests/fixtures/python/torch_cuda_train.py"))
+            .arg("--log")
+            .arg(&log)
+            .arg("--wait-file")
+            .arg(&go)
+            .arg("--hold-file")
+            .arg(&hold)
+            .arg("--warmup")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python"),
+    );
+    let text = wait_for_text(&log, "READY", 300);
+    let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !agent
+        .metrics()
+        .iter()
+        .any(|(n, l, _)| n == "memscope_process_exited" && l["pid"] == pid.to_string())
+    {
+        assert!(Instant::now() < deadline, "the agent never picked up {pid}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&go, b"").unwrap();
+    let text = wait_for_text(&log, "DONE", 300);
+    let end = &log_lines(&text, "EMPTY_CACHE")[0];
+    let allocated: u64 = end["allocated"].parse().unwrap();
+    let reserved: u64 = end["reserved"].parse().unwrap();
+    assert!(allocated > 0 && reserved > allocated, "{text}");
+    let want: BTreeMap<(String, String), u64> = [
+        (("0".to_string(), "PTA".to_string()), allocated),
+        (("0".to_string(), "CUDA".to_string()), reserved),
+    ]
+    .into();
+    // The agent is behind by its reorder window and snapshot interval, more under load.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let live = loop {
+        let live = live_metrics(&agent.metrics(), pid);
+        if live == want || Instant::now() > deadline {
+            break live;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        live, want,
+        "(device, owner) live bytes of pid {pid} vs the script's memory_allocated()/\
+         memory_reserved()\n{text}"
+    );
+}
