@@ -291,7 +291,7 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     ];
     // Started once the images exist: its discovery would otherwise see the copies being
     // written and probe them ahead of their containers.
-    let mut agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
+    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
     let mut jobs = Vec::new();
     for (cg, image, log, _) in &containers {
         let go = log.with_extension("go");
@@ -471,7 +471,7 @@ fn agent_never_holds_a_process_that_opens_no_vendor_library() {
     let dir = scratch("agent-no-hold");
     let plugins = copies(&dir, "libplugin.so", 20);
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
+    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
 
     // Twenty shared objects the agent never saw, none of them a vendor library.
     let (gate, count) = (dir.join("plain.go"), dir.join("plain.count"));
@@ -518,7 +518,7 @@ fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
     let _g = serial();
     let dir = scratch("agent-frozen-hold");
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let (gate, count) = (dir.join("go"), dir.join("count"));
     let (mut job, pid) = start_counting(&dir, &gate, &count, &hal);
     let agent_pid = agent.pid() as i32;
@@ -623,7 +623,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
     for lib in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
         std::fs::copy(build.join("lib").join(lib), dir.join("lib").join(lib)).unwrap();
     }
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let log = dir.join("gt.log");
     let started = Instant::now();
     let out = Command::new(dir.join("bin/workload"))
@@ -694,7 +694,7 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
         .status()
         .unwrap();
     assert!(copied.success());
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let venv = &venvs[0];
     let release = bed_release(venv);
     let (log, hold) = (dir.join("gt.log"), dir.join("hold"));
@@ -758,10 +758,10 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
 }
 
 /// Two tracers on one node: the agent with its defaults beside a launch-mode session of a job
-/// that loads the HAL at once. The session holds its process at the HAL's open until its own
-/// probes are in place; an agent holding it too (`--hold`) would continue it first and the
-/// session would miss its first allocations (14 of 16 when seen). Every allocation is the
-/// session's.
+/// that loads the HAL at once. Both hold the process at the HAL's open until their own probes
+/// are in place; before holds were shared (`trace/holders.rs`), the agent, quicker, continued
+/// it first and the session missed its first allocations (14 of 16 when seen, all 12 here).
+/// Every allocation is the session's, and the agent's too.
 #[test]
 fn a_default_agent_leaves_a_launch_session_whole() {
     const TEST: &str = "a_default_agent_leaves_a_launch_session_whole";
@@ -771,7 +771,7 @@ fn a_default_agent_leaves_a_launch_session_whole() {
     let _g = serial();
     let dir = scratch("agent-beside-session");
     let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
-    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
     let (log, out) = (dir.join("job.log"), dir.join("out"));
     let run = run_tracer(&[
         "-o",
@@ -790,14 +790,111 @@ fn a_default_agent_leaves_a_launch_session_whole() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let (_, allocs) = log_live_by_device(&log);
+    let pid = job_pid(&run.stdout);
+    let (live, allocs) = log_live_by_device(&log);
     assert_eq!(allocs, 12, "{}", log.display());
     let dumps = find_files(&out, "memscope_dump_");
     let dump = dumps.first().expect("no dump: the session saw no call");
     let dump = std::fs::read_to_string(dump).unwrap();
     let traced = dump.lines().filter(|l| l.contains(",MALLOC,HAL,")).count();
     assert_eq!(traced as u64, allocs, "the session's allocations:\n{dump}");
+    // The agent held it too, and saw the same.
+    let m = wait_exited(&mut agent, &[pid], &dir);
+    assert_eq!(
+        of_pid(&m, "memscope_allocations_total", pid),
+        Some(allocs as f64),
+        "the agent's count of pid {pid}'s allocations"
+    );
+    assert_eq!(metrics_live_by_device(&m, pid), live);
     let (code, text) = agent.stop();
     assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!("pid {pid} held at a vendor library's open")),
+        "the agent never held {pid}:\n{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The "PID n" line a fixture workload prints first.
+fn job_pid(stdout: &[u8]) -> u32 {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
+        .expect("PID line")
+}
+
+/// Two agents with their defaults on one node (a second one started by hand, or two
+/// versions during an upgrade) both hold a job at the open of a HAL neither has seen, and it
+/// runs on only once both have their probes in place: each counts every allocation, the
+/// first included. Before holds were shared, the quicker agent's SIGCONT let it run before
+/// the other's probes were placed. Ground truth: the job's own log.
+#[test]
+fn two_agents_holding_one_job_both_count_its_first_allocation() {
+    const TEST: &str = "two_agents_holding_one_job_both_count_its_first_allocation";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("two-agents-one-job");
+    let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
+    let mut agents = [
+        TestAgent::start_with_defaults(&["--log-level", "debug"]),
+        TestAgent::start_with_defaults(&["--log-level", "debug"]),
+    ];
+    let (log, gate) = (dir.join("job.log"), dir.join("go"));
+    let mut job = Command::new(fixtures().join("bin/workload_dlopen"))
+        .arg("--wait-file")
+        .arg(&gate)
+        .arg("--lib-path")
+        .arg(&hal)
+        .args(["--allocs", "12", "--log"])
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start workload_dlopen");
+    let pid = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(job.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        job_pid(line.as_bytes())
+    };
+    std::fs::write(&gate, b"").unwrap();
+    assert!(job.wait().unwrap().success());
+    let (live, allocs) = log_live_by_device(&log);
+    assert_eq!(allocs, 12, "{}", log.display());
+    for (i, agent) in agents.iter_mut().enumerate() {
+        let m = wait_exited(agent, &[pid], &dir);
+        assert_eq!(
+            of_pid(&m, "memscope_allocations_total", pid),
+            Some(allocs as f64),
+            "agent {i}'s count of pid {pid}'s allocations vs {}",
+            log.display()
+        );
+        assert_eq!(metrics_live_by_device(&m, pid), live, "agent {i}");
+    }
+    let logs: Vec<String> = agents
+        .into_iter()
+        .map(|a| {
+            let (code, text) = a.stop();
+            assert_eq!(code, Some(0), "{text}");
+            text
+        })
+        .collect();
+    let held = format!("pid {pid} held at a vendor library's open");
+    assert!(
+        logs.iter().all(|t| t.contains(&held)),
+        "both agents hold it:\n{}",
+        logs.join("\n----\n")
+    );
+    // The first to be ready left it to the other.
+    assert!(
+        logs.iter().any(|t| t
+            .lines()
+            .any(|l| l.contains(&held) && l.contains("another tracer still holding it"))),
+        "{}",
+        logs.join("\n----\n")
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -131,10 +131,10 @@ fn run(opts: &AgentOptions) -> Result<()> {
     // or that child would hold the port for its lifetime (a `systemctl restart` then fails
     // with "Address already in use").
     let _ = server.join();
-    let result = result.map(|mut bpf| {
+    let result = result.map(|bpf| {
         // Whatever the drain left held (nothing, normally) goes on before we leave.
-        if let Some(holds) = &mut bpf.holds {
-            holds.release_all();
+        if bpf.holds.is_some() {
+            bpf.holders.registry.release_own(|_| true);
         }
         bpf
     });
@@ -162,22 +162,25 @@ type Loaded = (
     Option<Watchdog>,
 );
 
-/// Loads the BPF side, with the hold at vendor library opens and its watchdog when `--hold`.
+/// Loads the BPF side, with the hold at vendor library opens and its watchdog unless
+/// `--no-hold`.
 fn load(opts: &AgentOptions) -> Result<Loaded> {
     let tracefs = tracefs::ensure_mounted()?;
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    offsets.hold_vendor_opens = opts.hold as u32;
+    // `--hold` is the default, still accepted; `--no-hold` turns it off.
+    let hold = !opts.no_hold;
+    offsets.hold_vendor_opens = hold as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
     offsets.python_stacks =
         python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     let mut watchdog = None;
-    if opts.hold {
+    if hold {
         let holds = hold::Holds::new(&mut bpf, &hold::vendor_names(&opts.libs))?;
-        watchdog = Some(Watchdog::start_for_holds(holds.held_map_fd())?);
+        watchdog = Some(Watchdog::start_for_holds(&bpf.holders)?);
         bpf.holds = Some(holds);
     }
     Ok((bpf, ring, watchdog))
