@@ -757,11 +757,43 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
     }
 }
 
+/// Holds `job` (waiting for `gate`, past its exec) in two tracers at once, the tracer `frozen`
+/// made the slower of the two: it is frozen (SIGSTOP) while the job passes its gate and is
+/// stopped at its HAL open by both, until `quicker` has ended its hold (its
+/// `memscope_agent_holds_total` counts it) and 0.1 s more, or at most 0.7 s in all (under the
+/// frozen tracer's 1 s watchdog bound), then thawed. Returns the job's state just before the
+/// thaw: `T` while the frozen tracer still holds it. Before holds were shared, the quicker
+/// tracer's SIGCONT let the job run its allocations while the other had no probes yet.
+fn hold_in_both(frozen: u32, quicker: &TestAgent, job: u32, gate: &Path) -> Option<char> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while process_state(job) != Some('S') {
+        assert!(Instant::now() < deadline, "job {job} never waited at its gate");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = global(&metrics(quicker), "memscope_agent_holds_total");
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(frozen as i32, libc::SIGSTOP) };
+    let frozen_at = Instant::now();
+    std::fs::write(gate, b"").unwrap();
+    while frozen_at.elapsed() < Duration::from_millis(600) {
+        if global(&metrics(quicker), "memscope_agent_holds_total") > before {
+            std::thread::sleep(Duration::from_millis(100));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let state = process_state(job);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(frozen as i32, libc::SIGCONT) };
+    state
+}
+
 /// Two tracers on one node: the agent with its defaults beside a launch-mode session of a job
-/// that loads the HAL at once. Both hold the process at the HAL's open until their own probes
-/// are in place; before holds were shared (`trace/holders.rs`), the agent, quicker, continued
-/// it first and the session missed its first allocations (14 of 16 when seen, all 12 here).
-/// Every allocation is the session's, and the agent's too.
+/// that loads a HAL neither has seen, at once. Both hold the job at the HAL's open until their
+/// own probes are in place, the session made the slower one (`hold_in_both`); before holds
+/// were shared (`trace/holders.rs`), the agent continued the job first and the session missed
+/// its first allocations (14 of 16 in python_stacks.rs, all 12 here, when seen). Every
+/// allocation is the session's, and the agent's too. Ground truth: the job's own log.
 #[test]
 fn a_default_agent_leaves_a_launch_session_whole() {
     const TEST: &str = "a_default_agent_leaves_a_launch_session_whole";
@@ -772,12 +804,14 @@ fn a_default_agent_leaves_a_launch_session_whole() {
     let dir = scratch("agent-beside-session");
     let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
     let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
-    let (log, out) = (dir.join("job.log"), dir.join("out"));
-    let run = run_tracer(&[
+    let (log, out, gate) = (dir.join("job.log"), dir.join("out"), dir.join("go"));
+    let mut session = Background::spawn(&[
         "-o",
         out.to_str().unwrap(),
         "--",
         fixtures().join("bin/workload_dlopen").to_str().unwrap(),
+        "--wait-file",
+        gate.to_str().unwrap(),
         "--lib-path",
         hal.to_str().unwrap(),
         "--allocs",
@@ -785,12 +819,19 @@ fn a_default_agent_leaves_a_launch_session_whole() {
         "--log",
         log.to_str().unwrap(),
     ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let pid = job_pid(&run.stdout);
+    let pid = session.target_pid();
+    let tracer_exe = std::fs::canonicalize(TRACER).unwrap();
+    // Past its exec (until then it waits on the session's start gate, not ours).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == tracer_exe)
+        || process_state(pid) != Some('S')
+    {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let state = hold_in_both(session.child.id(), &agent, pid, &gate);
+    let (code, session_log) = session.finish();
+    assert_eq!(code, Some(0), "{session_log}");
     let (live, allocs) = log_live_by_device(&log);
     assert_eq!(allocs, 12, "{}", log.display());
     let dumps = find_files(&out, "memscope_dump_");
@@ -798,6 +839,7 @@ fn a_default_agent_leaves_a_launch_session_whole() {
     let dump = std::fs::read_to_string(dump).unwrap();
     let traced = dump.lines().filter(|l| l.contains(",MALLOC,HAL,")).count();
     assert_eq!(traced as u64, allocs, "the session's allocations:\n{dump}");
+    assert_eq!(state, Some('T'), "the job ran on while the session held it");
     // The agent held it too, and saw the same.
     let m = wait_exited(&mut agent, &[pid], &dir);
     assert_eq!(
@@ -825,9 +867,10 @@ fn job_pid(stdout: &[u8]) -> u32 {
 
 /// Two agents with their defaults on one node (a second one started by hand, or two
 /// versions during an upgrade) both hold a job at the open of a HAL neither has seen, and it
-/// runs on only once both have their probes in place: each counts every allocation, the
-/// first included. Before holds were shared, the quicker agent's SIGCONT let it run before
-/// the other's probes were placed. Ground truth: the job's own log.
+/// runs on only once both have their probes in place (the second made the slower one,
+/// `hold_in_both`): each counts every allocation, the first included. Before holds were
+/// shared, the quicker agent's SIGCONT let it run before the other's probes were placed; and
+/// each agent held the other at its own read of the library. Ground truth: the job's log.
 #[test]
 fn two_agents_holding_one_job_both_count_its_first_allocation() {
     const TEST: &str = "two_agents_holding_one_job_both_count_its_first_allocation";
@@ -860,7 +903,7 @@ fn two_agents_holding_one_job_both_count_its_first_allocation() {
             .unwrap();
         job_pid(line.as_bytes())
     };
-    std::fs::write(&gate, b"").unwrap();
+    let state = hold_in_both(agents[1].pid(), &agents[0], pid, &gate);
     assert!(job.wait().unwrap().success());
     let (live, allocs) = log_live_by_device(&log);
     assert_eq!(allocs, 12, "{}", log.display());
@@ -874,6 +917,7 @@ fn two_agents_holding_one_job_both_count_its_first_allocation() {
         );
         assert_eq!(metrics_live_by_device(&m, pid), live, "agent {i}");
     }
+    assert_eq!(state, Some('T'), "the job ran on while agent 1 held it");
     let logs: Vec<String> = agents
         .into_iter()
         .map(|a| {
