@@ -767,7 +767,10 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
 fn hold_in_both(frozen: u32, quicker: &TestAgent, job: u32, gate: &Path) -> Option<char> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while process_state(job) != Some('S') {
-        assert!(Instant::now() < deadline, "job {job} never waited at its gate");
+        assert!(
+            Instant::now() < deadline,
+            "job {job} never waited at its gate"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let before = global(&metrics(quicker), "memscope_agent_holds_total");

@@ -131,12 +131,11 @@ fn run(opts: &AgentOptions) -> Result<()> {
     // or that child would hold the port for its lifetime (a `systemctl restart` then fails
     // with "Address already in use").
     let _ = server.join();
-    let result = result.map(|bpf| {
+    let result = result.inspect(|bpf| {
         // Whatever the drain left held (nothing, normally) goes on before we leave.
         if bpf.holds.is_some() {
             bpf.holders.registry.release_own(|_| true);
         }
-        bpf
     });
     if let Some(w) = watchdog {
         if result.is_ok() {
