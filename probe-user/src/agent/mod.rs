@@ -168,8 +168,7 @@ fn load(opts: &AgentOptions) -> Result<Loaded> {
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    // `--hold` is the default, still accepted; `--no-hold` turns it off.
-    let hold = !opts.no_hold;
+    let hold = opts.holds();
     offsets.hold_vendor_opens = hold as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).

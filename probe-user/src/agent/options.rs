@@ -119,6 +119,14 @@ pub struct AgentOptions {
     pub help: Option<bool>,
 }
 
+impl AgentOptions {
+    /// Whether the agent holds a process at a vendor library's open: unless `--no-hold` came
+    /// last (`--hold`, the default, is accepted still).
+    pub fn holds(&self) -> bool {
+        !self.no_hold
+    }
+}
+
 fn number(v: &str, what: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
     v.parse()
         .ok()
