@@ -405,10 +405,13 @@ impl Session {
         let still_traced = self.bpf.traced_processes();
         self.flush_batches();
         let drained = self.drain(ring.get_mut());
-        // Belt and braces: whatever happened above, nothing we traced may stay stopped (but
-        // what another tracer holds at an open is that tracer's to continue).
+        // Belt and braces: whatever happened above, nothing we stopped may stay stopped. Only
+        // launch mode stops processes (a `--pid` session continuing one would undo someone
+        // else's stop: a job stopped by its user, or held by the agent), and what another
+        // tracer holds at an open is that tracer's to continue.
+        let launched = self.cfg.child.is_some();
         for pid in still_traced {
-            if self.bpf.holders.registry.held_by_others(pid) {
+            if !launched || self.bpf.holders.registry.held_by_others(pid) {
                 continue;
             }
             // SAFETY: plain kill(2); a no-op for a process that is not stopped.
