@@ -675,7 +675,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
 }
 
 /// The real framework under the hold: held at each vendor library it opens (libtorch_npu.so
-/// too), it still runs, and every PTA byte is seen. (It passes without `--hold` as well: its
+/// too), it still runs, and every PTA byte is seen. (It passes with `--no-hold` as well: its
 /// first tensor comes seconds after its libraries are opened, time enough for the agent.)
 #[test]
 fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
