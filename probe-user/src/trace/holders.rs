@@ -205,13 +205,20 @@ impl Holders {
     }
 }
 
-impl Drop for Holders {
-    fn drop(&mut self) {
-        // Only in the tracer itself (a forked child holding our maps is not us).
+impl Holders {
+    /// Takes this tracer's process out of `TRACERS` (it is leaving). Only in the tracer
+    /// itself: a forked child holding our maps is not us.
+    pub fn leave(&mut self) {
         let me = std::process::id();
         if self.tracers.get(&me, 0).ok() == Some(self.registry.tracer) {
             let _ = self.tracers.remove(&me);
         }
+    }
+}
+
+impl Drop for Holders {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
