@@ -177,7 +177,7 @@ fn load(opts: &AgentOptions) -> Result<Loaded> {
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     let mut watchdog = None;
     if hold {
-        let holds = hold::Holds::new(&mut bpf, &hold::vendor_names(&opts.libs))?;
+        let holds = hold::Holds::new(&mut bpf)?;
         watchdog = Some(Watchdog::start_for_holds(&bpf.holders)?);
         bpf.holds = Some(holds);
     }
@@ -235,6 +235,11 @@ fn trace(
         bpf.traced_processes().len(),
         planner.attached.len()
     ));
+    // Holds start now, with the session about to drain the ring (the opens until now are
+    // planned as before holds existed), and before /ready says so.
+    if let Some(holds) = &mut bpf.holds {
+        holds.hold_at(&hold::vendor_names(&opts.libs))?;
+    }
     shared
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);

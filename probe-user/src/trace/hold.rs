@@ -47,17 +47,23 @@ pub fn vendor_names(explicit: &[std::path::PathBuf]) -> Vec<String> {
 }
 
 impl Holds {
-    /// Takes the hold maps from the loaded object and names the files that hold.
-    pub fn new(bpf: &mut crate::trace::bpf::Bpf, names: &[String]) -> Result<Holds> {
-        let mut names_map: HashMap<MapData, u64, u8> =
-            HashMap::try_from(bpf.take_map("VENDOR_NAMES")?)?;
-        for name in names {
-            names_map.insert(probe_common::vendor_name_hash(name.as_bytes()), 1, 0)?;
-        }
+    /// Takes the hold maps from the loaded object; nothing holds until [`hold_at`](Self::hold_at).
+    pub fn new(bpf: &mut crate::trace::bpf::Bpf) -> Result<Holds> {
         Ok(Holds {
-            names: names_map,
+            names: HashMap::try_from(bpf.take_map("VENDOR_NAMES")?)?,
             cleared: HashMap::try_from(bpf.take_map("CLEARED")?)?,
         })
+    }
+
+    /// Names the files that hold, once the agent drains its records: a process held while
+    /// the agent still starts (reading large libraries, every process's mappings: seconds)
+    /// would wait for all of it.
+    pub fn hold_at(&mut self, names: &[String]) -> Result<()> {
+        for name in names {
+            self.names
+                .insert(probe_common::vendor_name_hash(name.as_bytes()), 1, 0)?;
+        }
+        Ok(())
     }
 
     /// The open of `path_hash` by thread `tid` in `cgroup` has its probes: clears the path
