@@ -945,3 +945,68 @@ fn two_agents_holding_one_job_both_count_its_first_allocation() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An agent that could not continue another user's job (root without CAP_KILL, as a systemd
+/// unit's capability list can make it, cannot signal a process of another user in another
+/// session) must hold none: such a job would stay stopped for good, its watchdog no more
+/// able than the agent. Ground truth: the job, run as nobody in its own session, gets through.
+#[test]
+fn an_agent_without_cap_kill_leaves_other_users_jobs_running() {
+    const TEST: &str = "an_agent_without_cap_kill_leaves_other_users_jobs_running";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-no-cap-kill");
+    let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
+    let addr = free_addr();
+    let mut agent = Command::new("setpriv")
+        .args(["--bounding-set=-kill", "--inh-caps=-kill", "--"])
+        .arg(TRACER)
+        .args(["agent", "--listen", &addr, "--snapshot-ms", "200"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run setpriv (util-linux)");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while get(&addr, "/ready").map(|(s, _)| s) != Some(200) {
+        assert!(Instant::now() < deadline, "the agent never got ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut job = Command::new("setsid")
+        .args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .arg(fixtures().join("bin/workload_dlopen"))
+        .arg("--lib-path")
+        .arg(&hal)
+        .args(["--allocs", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the job as nobody");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    assert_eq!(agent.wait().unwrap().code(), Some(0));
+    let Some(status) = status else {
+        // We are root with CAP_KILL: free it before failing (setsid and setpriv exec it: the
+        // job is our child's pid).
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(job.id() as i32, libc::SIGCONT) };
+        let _ = job.wait();
+        panic!("the job of nobody was left stopped by an agent without CAP_KILL");
+    };
+    assert!(status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -168,7 +168,7 @@ fn load(opts: &AgentOptions) -> Result<Loaded> {
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    let hold = opts.holds();
+    let hold = opts.holds() && can_continue_anyone();
     offsets.hold_vendor_opens = hold as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
@@ -182,6 +182,34 @@ fn load(opts: &AgentOptions) -> Result<Loaded> {
         bpf.holds = Some(holds);
     }
     Ok((bpf, ring, watchdog))
+}
+
+/// Whether we may send SIGCONT to any process (CAP_KILL: root without it cannot signal
+/// another user's job outside its session, e.g. under a systemd unit's capability list). A
+/// hold we could not end would leave the job stopped for good, so without it none is taken.
+fn can_continue_anyone() -> bool {
+    const CAP_KILL: u32 = 5;
+    let effective = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        });
+    match effective {
+        Some(caps) if caps & (1 << CAP_KILL) != 0 => true,
+        _ => {
+            log::warn(
+                "no CAP_KILL: the agent could not continue another user's process, so it \
+                 holds none at a vendor library's open (their first calls may be missed); \
+                 give it CAP_KILL (deploy/memscope-bpf-agent.service does)",
+            );
+            false
+        }
+    }
 }
 
 fn python_depth(opts: &AgentOptions) -> Option<usize> {
