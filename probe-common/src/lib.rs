@@ -366,6 +366,17 @@ pub fn hold_key(path_hash: u64, cgroup_id: u64) -> u64 {
     path_hash ^ cgroup_id.wrapping_mul(FNV_PRIME).rotate_left(29)
 }
 
+/// The key of `HOLDERS`, the registry of holds every tracer on the node shares: thread `tid`
+/// stopped at an open by the tracer whose id (its `TRACER` map's id) is `tracer`.
+pub fn holder_key(tid: u32, tracer: u32) -> u64 {
+    ((tid as u64) << 32) | tracer as u64
+}
+
+/// The thread and tracer of a [`holder_key`].
+pub fn holder_of(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
+
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
@@ -548,7 +559,7 @@ pub struct TracepointOffsets {
     pub stop_on_discovery: u32,
     /// 1 (the node agent): stop a process at the open of a shared object whose name is in
     /// `VENDOR_NAMES` and whose path is not yet `CLEARED` in its cgroup, recording it in
-    /// `HELD`, until user space has attached that file's probes.
+    /// `HOLDERS`, until user space has attached that file's probes.
     pub hold_vendor_opens: u32,
     /// Stack samples with every traced call (`--call-stack=c`): 0 none, 1 the kernel's
     /// frame-pointer walk only, 2 that plus a copy of the user stack for CFI unwinding (past

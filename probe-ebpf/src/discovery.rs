@@ -2,22 +2,21 @@
 //! process opens, so libraries loaded later get probes too; in launch mode an object user
 //! space has not planned (`KNOWN_PATHS`) stops the process until it has. The node agent
 //! holds a process the same way at the open of a vendor library (`VENDOR_NAMES`) whose path
-//! it has not cleared in the process's cgroup (`CLEARED`), and records the hold in `HELD`
-//! for its watchdog.
+//! it has not cleared in the process's cgroup (`CLEARED`). Both record their stop at an open in
+//! `HOLDERS`, which every tracer on the node shares (pinned in bpffs), so the last tracer
+//! whose probes are in place is the one that continues the process (user space `holders.rs`).
 
 use aya_ebpf::{
     helpers::bpf_get_current_cgroup_id,
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap},
+    maps::{Array, HashMap, LruHashMap},
     programs::TracePointContext,
 };
 use probe_common::{DATA_LEN, FNV_OFFSET, FNV_PRIME, RawEvent, counter, event_flags, kind};
 
 use crate::{
     capture::copy_user_str,
-    emit::{
-        BPF_RB_FORCE_WAKEUP, emit, emit_stopping, emit_unhurried, scratch, stop_current_thread,
-    },
+    emit::{BPF_RB_FORCE_WAKEUP, emit, emit_unhurried, scratch, stop_current_thread},
     maps::{EVENTS, bump, current_ids, is_traced, offsets},
 };
 
@@ -33,10 +32,22 @@ static VENDOR_NAMES: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
 static CLEARED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(65536, 0);
 
-/// Threads the agent's hold stopped -> their process: user space removes its entry when it
-/// continues the process, the watchdog when it does (so each knows who released it).
+/// `probe_common::holder_key(thread, tracer)` -> process, for each thread a tracer stopped at
+/// an open: one map for every tracer on the node (user space pins it in bpffs). A tracer's
+/// user space (or its watchdog) removes its own entry when its probes are in place and
+/// continues the process only when no other live tracer's entry for the thread is left.
 #[map]
-static HELD: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+static HOLDERS: HashMap<u64, u32> = HashMap::with_max_entries(16384, 0);
+
+/// Processes that are themselves tracers (tgid -> tracer id), shared and pinned as `HOLDERS`
+/// is: another tracer reading a library to place its probes is never held (two agents would
+/// stop each other, each waiting for the other's watchdog).
+#[map]
+static TRACERS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
+/// This tracer's id in `HOLDERS` (the kernel's id of this map), written by user space.
+#[map]
+static TRACER: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Opens of shared objects between syscall entry and exit, keyed by thread id.
 #[map]
@@ -98,10 +109,11 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
         // other open is reported as before.
         let cgroup = unsafe { bpf_get_current_cgroup_id() };
         ev.args[3] = cgroup;
-        let vendor = unsafe { VENDOR_NAMES.get(&ev.args[2]) }.is_some();
+        let vendor = unsafe { VENDOR_NAMES.get(&ev.args[2]) }.is_some()
+            && unsafe { TRACERS.get(&ev.pid) }.is_none();
         let key = probe_common::hold_key(ev.args[1], cgroup);
         if vendor && unsafe { CLEARED.get(&key) }.is_none() {
-            emit_holding(ev, tid);
+            emit_holding(ev, tid, true);
         } else {
             emit(ev);
         }
@@ -117,28 +129,37 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
             // opened, and the agent and `--pid` plan another namespace's file at the same
             // path when it is opened: those still wake user space.)
             emit_unhurried(ev);
+        } else if launch && !planned {
+            // Stopped, whatever the registry: only this session continues it.
+            emit_holding(ev, tid, false);
         } else {
-            emit_stopping(ev, launch && !planned);
+            emit(ev);
         }
     }
     let _ = OPENS.remove(&tid);
     Some(())
 }
 
-/// Emits `ev` with the calling thread stopped and recorded in `HELD` (the agent's hold). As
-/// `emit_stopping`, the record is reserved first; without room in `HELD` or the ring the
-/// process runs on unheld (the first calls may then be missed, as before holds existed).
+/// Emits `ev` with the calling thread stopped and recorded in `HOLDERS` (before the signal:
+/// another tracer releasing the thread meanwhile must see that we hold it too). As
+/// `emit_stopping`, the record is reserved first. Without room in the ring the process runs
+/// on unheld; without room in `HOLDERS` it is held only when `!registered_only` (launch mode,
+/// whose user space continues it in any case; the agent's first calls may then be missed, as
+/// before holds existed).
 #[inline(always)]
-fn emit_holding(ev: &mut RawEvent, tid: u32) {
+fn emit_holding(ev: &mut RawEvent, tid: u32, registered_only: bool) {
     let Some(mut entry) = EVENTS.reserve::<RawEvent>(0) else {
         bump(counter::RINGBUF_FULL);
         return;
     };
-    if HELD.insert(&tid, &ev.pid, 0).is_ok() {
+    let tracer = TRACER.get(0).copied().unwrap_or(0);
+    let key = probe_common::holder_key(tid, tracer);
+    let registered = HOLDERS.insert(&key, &ev.pid, 0).is_ok();
+    if registered || !registered_only {
         if stop_current_thread() {
             ev.flags |= event_flags::STOPPED;
-        } else {
-            let _ = HELD.remove(&tid);
+        } else if registered {
+            let _ = HOLDERS.remove(&key);
         }
     }
     entry.write(*ev);

@@ -215,6 +215,7 @@ fn run(opts: Options) -> Result<u8> {
     let watchdog = match opts.mode {
         Mode::Launch { .. } => Some(memscope_bpf::trace::watchdog::Watchdog::start(
             bpf.traced_map_fd(),
+            &bpf.holders,
         )?),
         _ => None,
     };

@@ -291,7 +291,7 @@ fn agent_counts_every_allocation_of_jobs_in_containers_started_after_it() {
     ];
     // Started once the images exist: its discovery would otherwise see the copies being
     // written and probe them ahead of their containers.
-    let mut agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
+    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
     let mut jobs = Vec::new();
     for (cg, image, log, _) in &containers {
         let go = log.with_extension("go");
@@ -471,7 +471,7 @@ fn agent_never_holds_a_process_that_opens_no_vendor_library() {
     let dir = scratch("agent-no-hold");
     let plugins = copies(&dir, "libplugin.so", 20);
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let agent = TestAgent::start_with_defaults(&["--hold", "--log-level", "debug"]);
+    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
 
     // Twenty shared objects the agent never saw, none of them a vendor library.
     let (gate, count) = (dir.join("plain.go"), dir.join("plain.count"));
@@ -518,7 +518,7 @@ fn watchdog_releases_a_process_held_while_the_agent_is_frozen() {
     let _g = serial();
     let dir = scratch("agent-frozen-hold");
     let hal = copies(&dir, "libascend_hal.so", 1);
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let (gate, count) = (dir.join("go"), dir.join("count"));
     let (mut job, pid) = start_counting(&dir, &gate, &count, &hal);
     let agent_pid = agent.pid() as i32;
@@ -623,7 +623,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
     for lib in ["libascend_hal.so", "libascendcl.so", "libms_tools_ext.so"] {
         std::fs::copy(build.join("lib").join(lib), dir.join("lib").join(lib)).unwrap();
     }
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let log = dir.join("gt.log");
     let started = Instant::now();
     let out = Command::new(dir.join("bin/workload"))
@@ -675,7 +675,7 @@ fn a_job_over_in_a_moment_keeps_its_name_steps_and_frames() {
 }
 
 /// The real framework under the hold: held at each vendor library it opens (libtorch_npu.so
-/// too), it still runs, and every PTA byte is seen. (It passes without `--hold` as well: its
+/// too), it still runs, and every PTA byte is seen. (It passes with `--no-hold` as well: its
 /// first tensor comes seconds after its libraries are opened, time enough for the agent.)
 #[test]
 fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
@@ -694,7 +694,7 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
         .status()
         .unwrap();
     assert!(copied.success());
-    let mut agent = TestAgent::start_with_defaults(&["--hold"]);
+    let mut agent = TestAgent::start_with_defaults(&[]);
     let venv = &venvs[0];
     let release = bed_release(venv);
     let (log, hold) = (dir.join("gt.log"), dir.join("hold"));
@@ -757,11 +757,46 @@ fn a_torch_npu_job_started_after_the_agent_shows_its_memory_allocated() {
     }
 }
 
+/// Holds `job` (waiting for `gate`, past its exec) in two tracers at once, the tracer `frozen`
+/// made the slower of the two: it is frozen (SIGSTOP) while the job passes its gate and is
+/// stopped at its HAL open by both, until `quicker` has ended its hold (its
+/// `memscope_agent_holds_total` counts it) and 0.1 s more, or at most 0.7 s in all (under the
+/// frozen tracer's 1 s watchdog bound), then thawed. Returns the job's state just before the
+/// thaw: `T` while the frozen tracer still holds it. Before holds were shared, the quicker
+/// tracer's SIGCONT let the job run its allocations while the other had no probes yet.
+fn hold_in_both(frozen: u32, quicker: &TestAgent, job: u32, gate: &Path) -> Option<char> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while process_state(job) != Some('S') {
+        assert!(
+            Instant::now() < deadline,
+            "job {job} never waited at its gate"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = global(&metrics(quicker), "memscope_agent_holds_total");
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(frozen as i32, libc::SIGSTOP) };
+    let frozen_at = Instant::now();
+    std::fs::write(gate, b"").unwrap();
+    while frozen_at.elapsed() < Duration::from_millis(600) {
+        if global(&metrics(quicker), "memscope_agent_holds_total") > before {
+            std::thread::sleep(Duration::from_millis(100));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let state = process_state(job);
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(frozen as i32, libc::SIGCONT) };
+    state
+}
+
 /// Two tracers on one node: the agent with its defaults beside a launch-mode session of a job
-/// that loads the HAL at once. The session holds its process at the HAL's open until its own
-/// probes are in place; an agent holding it too (`--hold`) would continue it first and the
-/// session would miss its first allocations (14 of 16 when seen). Every allocation is the
-/// session's.
+/// that loads a HAL neither has seen, at once. Both hold the job at the HAL's open until their
+/// own probes are in place, the session made the slower one (`hold_in_both`); before holds
+/// were shared (`trace/holders.rs`), the agent continued the job first and the session missed
+/// its first allocations (14 of 16 in python_stacks.rs, all 12 here, when seen). Every
+/// allocation is the session's, and the agent's too. Ground truth: the job's own log.
 #[test]
 fn a_default_agent_leaves_a_launch_session_whole() {
     const TEST: &str = "a_default_agent_leaves_a_launch_session_whole";
@@ -771,13 +806,15 @@ fn a_default_agent_leaves_a_launch_session_whole() {
     let _g = serial();
     let dir = scratch("agent-beside-session");
     let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
-    let agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
-    let (log, out) = (dir.join("job.log"), dir.join("out"));
-    let run = run_tracer(&[
+    let mut agent = TestAgent::start_with_defaults(&["--log-level", "debug"]);
+    let (log, out, gate) = (dir.join("job.log"), dir.join("out"), dir.join("go"));
+    let mut session = Background::spawn(&[
         "-o",
         out.to_str().unwrap(),
         "--",
         fixtures().join("bin/workload_dlopen").to_str().unwrap(),
+        "--wait-file",
+        gate.to_str().unwrap(),
         "--lib-path",
         hal.to_str().unwrap(),
         "--allocs",
@@ -785,19 +822,191 @@ fn a_default_agent_leaves_a_launch_session_whole() {
         "--log",
         log.to_str().unwrap(),
     ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let (_, allocs) = log_live_by_device(&log);
+    let pid = session.target_pid();
+    let tracer_exe = std::fs::canonicalize(TRACER).unwrap();
+    // Past its exec (until then it waits on the session's start gate, not ours).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == tracer_exe)
+        || process_state(pid) != Some('S')
+    {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let state = hold_in_both(session.child.id(), &agent, pid, &gate);
+    let (code, session_log) = session.finish();
+    assert_eq!(code, Some(0), "{session_log}");
+    let (live, allocs) = log_live_by_device(&log);
     assert_eq!(allocs, 12, "{}", log.display());
     let dumps = find_files(&out, "memscope_dump_");
     let dump = dumps.first().expect("no dump: the session saw no call");
     let dump = std::fs::read_to_string(dump).unwrap();
     let traced = dump.lines().filter(|l| l.contains(",MALLOC,HAL,")).count();
     assert_eq!(traced as u64, allocs, "the session's allocations:\n{dump}");
+    assert_eq!(state, Some('T'), "the job ran on while the session held it");
+    // The agent held it too, and saw the same.
+    let m = wait_exited(&mut agent, &[pid], &dir);
+    assert_eq!(
+        of_pid(&m, "memscope_allocations_total", pid),
+        Some(allocs as f64),
+        "the agent's count of pid {pid}'s allocations"
+    );
+    assert_eq!(metrics_live_by_device(&m, pid), live);
     let (code, text) = agent.stop();
     assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!("pid {pid} held at a vendor library's open")),
+        "the agent never held {pid}:\n{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The "PID n" line a fixture workload prints first.
+fn job_pid(stdout: &[u8]) -> u32 {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
+        .expect("PID line")
+}
+
+/// Two agents with their defaults on one node (a second one started by hand, or two
+/// versions during an upgrade) both hold a job at the open of a HAL neither has seen, and it
+/// runs on only once both have their probes in place (the second made the slower one,
+/// `hold_in_both`): each counts every allocation, the first included. Before holds were
+/// shared, the quicker agent's SIGCONT let it run before the other's probes were placed; and
+/// each agent held the other at its own read of the library. Ground truth: the job's log.
+#[test]
+fn two_agents_holding_one_job_both_count_its_first_allocation() {
+    const TEST: &str = "two_agents_holding_one_job_both_count_its_first_allocation";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("two-agents-one-job");
+    let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
+    let mut agents = [
+        TestAgent::start_with_defaults(&["--log-level", "debug"]),
+        TestAgent::start_with_defaults(&["--log-level", "debug"]),
+    ];
+    let (log, gate) = (dir.join("job.log"), dir.join("go"));
+    let mut job = Command::new(fixtures().join("bin/workload_dlopen"))
+        .arg("--wait-file")
+        .arg(&gate)
+        .arg("--lib-path")
+        .arg(&hal)
+        .args(["--allocs", "12", "--log"])
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start workload_dlopen");
+    let pid = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(job.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        job_pid(line.as_bytes())
+    };
+    let state = hold_in_both(agents[1].pid(), &agents[0], pid, &gate);
+    assert!(job.wait().unwrap().success());
+    let (live, allocs) = log_live_by_device(&log);
+    assert_eq!(allocs, 12, "{}", log.display());
+    for (i, agent) in agents.iter_mut().enumerate() {
+        let m = wait_exited(agent, &[pid], &dir);
+        assert_eq!(
+            of_pid(&m, "memscope_allocations_total", pid),
+            Some(allocs as f64),
+            "agent {i}'s count of pid {pid}'s allocations vs {}",
+            log.display()
+        );
+        assert_eq!(metrics_live_by_device(&m, pid), live, "agent {i}");
+    }
+    assert_eq!(state, Some('T'), "the job ran on while agent 1 held it");
+    let logs: Vec<String> = agents
+        .into_iter()
+        .map(|a| {
+            let (code, text) = a.stop();
+            assert_eq!(code, Some(0), "{text}");
+            text
+        })
+        .collect();
+    let held = format!("pid {pid} held at a vendor library's open");
+    assert!(
+        logs.iter().all(|t| t.contains(&held)),
+        "both agents hold it:\n{}",
+        logs.join("\n----\n")
+    );
+    // The first to be ready left it to the other.
+    assert!(
+        logs.iter().any(|t| t
+            .lines()
+            .any(|l| l.contains(&held) && l.contains("another tracer still holding it"))),
+        "{}",
+        logs.join("\n----\n")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An agent that could not continue another user's job (root without CAP_KILL, as a systemd
+/// unit's capability list can make it, cannot signal a process of another user in another
+/// session) must hold none: such a job would stay stopped for good, its watchdog no more
+/// able than the agent. Ground truth: the job, run as nobody in its own session, gets through.
+#[test]
+fn an_agent_without_cap_kill_leaves_other_users_jobs_running() {
+    const TEST: &str = "an_agent_without_cap_kill_leaves_other_users_jobs_running";
+    if !require_root(TEST) {
+        return;
+    }
+    let _g = serial();
+    let dir = scratch("agent-no-cap-kill");
+    let hal = copies(&dir, "libascend_hal.so", 1).remove(0);
+    let addr = free_addr();
+    let mut agent = Command::new("setpriv")
+        .args(["--bounding-set=-kill", "--inh-caps=-kill", "--"])
+        .arg(TRACER)
+        .args(["agent", "--listen", &addr, "--snapshot-ms", "200"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run setpriv (util-linux)");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while get(&addr, "/ready").map(|(s, _)| s) != Some(200) {
+        assert!(Instant::now() < deadline, "the agent never got ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut job = Command::new("setsid")
+        .args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .arg(fixtures().join("bin/workload_dlopen"))
+        .arg("--lib-path")
+        .arg(&hal)
+        .args(["--allocs", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the job as nobody");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    assert_eq!(agent.wait().unwrap().code(), Some(0));
+    let Some(status) = status else {
+        // We are root with CAP_KILL: free it before failing (setsid and setpriv exec it: the
+        // job is our child's pid).
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(job.id() as i32, libc::SIGCONT) };
+        let _ = job.wait();
+        panic!("the job of nobody was left stopped by an agent without CAP_KILL");
+    };
+    assert!(status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }

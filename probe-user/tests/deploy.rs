@@ -159,13 +159,23 @@ fn the_daemonset_gives_the_agent_host_pids_privileges_and_kernel_mounts() {
             .unwrap();
         v["hostPath"]["path"].as_str().unwrap_or("").to_string()
     };
+    // bpffs: the registry of holds shared with the node's other tracers (docs/agent.md).
     for m in [
         "/sys/kernel/tracing",
         "/sys/kernel/debug",
         "/sys/kernel/btf",
+        "/sys/fs/bpf",
     ] {
         assert_eq!(host_path(m), m, "the host's {m}");
     }
+    assert!(
+        !agent["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--no-hold"),
+        "the agent holds new jobs at their vendor library's open (its default)"
+    );
     let annotations = &ds["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(

@@ -131,12 +131,11 @@ fn run(opts: &AgentOptions) -> Result<()> {
     // or that child would hold the port for its lifetime (a `systemctl restart` then fails
     // with "Address already in use").
     let _ = server.join();
-    let result = result.map(|mut bpf| {
+    let result = result.inspect(|bpf| {
         // Whatever the drain left held (nothing, normally) goes on before we leave.
-        if let Some(holds) = &mut bpf.holds {
-            holds.release_all();
+        if bpf.holds.is_some() {
+            bpf.holders.registry.release_own(|_| true);
         }
-        bpf
     });
     if let Some(w) = watchdog {
         if result.is_ok() {
@@ -162,25 +161,55 @@ type Loaded = (
     Option<Watchdog>,
 );
 
-/// Loads the BPF side, with the hold at vendor library opens and its watchdog when `--hold`.
+/// Loads the BPF side, with the hold at vendor library opens and its watchdog unless
+/// `--no-hold`.
 fn load(opts: &AgentOptions) -> Result<Loaded> {
     let tracefs = tracefs::ensure_mounted()?;
     let mut offsets = tracefs::read_offsets(tracefs)?;
     // No stop at exec or at other opens: the agent watches jobs it did not start.
     offsets.stop_on_discovery = 0;
-    offsets.hold_vendor_opens = opts.hold as u32;
+    let hold = opts.holds() && can_continue_anyone();
+    offsets.hold_vendor_opens = hold as u32;
     offsets.capture_stacks = if opts.stack_depth > 0 { 2 } else { 0 };
     // Python frames come with the C stacks of the same sampled calls (mixed view).
     offsets.python_stacks =
         python_depth(opts).map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib << 20)?;
     let mut watchdog = None;
-    if opts.hold {
-        let holds = hold::Holds::new(&mut bpf, &hold::vendor_names(&opts.libs))?;
-        watchdog = Some(Watchdog::start_for_holds(holds.held_map_fd())?);
+    if hold {
+        let holds = hold::Holds::new(&mut bpf)?;
+        watchdog = Some(Watchdog::start_for_holds(&bpf.holders)?);
         bpf.holds = Some(holds);
     }
     Ok((bpf, ring, watchdog))
+}
+
+/// Whether we may send SIGCONT to any process (CAP_KILL: root without it cannot signal
+/// another user's job outside its session, e.g. under a systemd unit's capability list). A
+/// hold we could not end would leave the job stopped for good, so without it none is taken.
+fn can_continue_anyone() -> bool {
+    const CAP_KILL: u32 = 5;
+    let effective = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        });
+    match effective {
+        Some(caps) if caps & (1 << CAP_KILL) != 0 => true,
+        _ => {
+            log::warn(
+                "no CAP_KILL: the agent could not continue another user's process, so it \
+                 holds none at a vendor library's open (their first calls may be missed); \
+                 give it CAP_KILL (deploy/memscope-bpf-agent.service does)",
+            );
+            false
+        }
+    }
 }
 
 fn python_depth(opts: &AgentOptions) -> Option<usize> {
@@ -234,6 +263,11 @@ fn trace(
         bpf.traced_processes().len(),
         planner.attached.len()
     ));
+    // Holds start now, with the session about to drain the ring (the opens until now are
+    // planned as before holds existed), and before /ready says so.
+    if let Some(holds) = &mut bpf.holds {
+        holds.hold_at(&hold::vendor_names(&opts.libs))?;
+    }
     shared
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -96,13 +96,18 @@ pub struct AgentOptions {
     #[arg(long, value_name = "FILE", verbatim_doc_comment)]
     pub heap_profile_out: Option<PathBuf>,
     /// Hold a process that opens a vendor library not yet probed for it
-    /// at that open until its probes are in place (bounded by a
-    /// watchdog), so a job's first calls are seen (docs/agent.md). Off by
-    /// default: a `memscope-bpf` launch or --pid session on the same node
-    /// holds its processes at the same opens, and the agent's release
-    /// would let them run before that session's probes are in place
-    #[arg(long, verbatim_doc_comment)]
+    /// at that open until its probes are in place (bounded by a 1 s
+    /// watchdog), so a job's first calls are seen (docs/agent.md). The
+    /// default. Other memscope-bpf tracers on the node (a launch session,
+    /// another agent) hold it at the same open: it runs on once every
+    /// tracer that stopped it has its probes in place
+    #[arg(long, overrides_with = "no_hold", verbatim_doc_comment)]
     pub hold: bool,
+    /// Never stop a process. A job that loads a vendor library from a
+    /// path the agent has not probed yet may run before its probes are
+    /// in place: its first allocations (a model's weights) are missed
+    #[arg(long, overrides_with = "hold", verbatim_doc_comment)]
+    pub no_hold: bool,
     /// BPF ring buffer size in MiB, a power of two [default: 64]
     #[arg(long, value_name = "N", default_value = "64", value_parser = parse_ring_buffer)]
     pub ring_buffer_mib: u32,
@@ -112,6 +117,14 @@ pub struct AgentOptions {
     /// Print this help and exit
     #[arg(short, long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,
+}
+
+impl AgentOptions {
+    /// Whether the agent holds a process at a vendor library's open: unless `--no-hold` came
+    /// last (`--hold`, the default, is accepted still).
+    pub fn holds(&self) -> bool {
+        !self.no_hold
+    }
 }
 
 fn number(v: &str, what: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {

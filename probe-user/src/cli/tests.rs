@@ -1659,6 +1659,16 @@ mod agent_options {
     }
 
     #[test]
+    fn the_hold_is_the_default_and_no_hold_turns_it_off() {
+        assert!(p(&[]).unwrap().holds());
+        assert!(p(&["--hold"]).unwrap().holds(), "still accepted");
+        assert!(!p(&["--no-hold"]).unwrap().holds());
+        // The last one given wins (a wrapper's default, then the user's).
+        assert!(!p(&["--hold", "--no-hold"]).unwrap().holds());
+        assert!(p(&["--no-hold", "--hold"]).unwrap().holds());
+    }
+
+    #[test]
     fn bad_values_are_usage_errors_that_say_what_is_accepted() {
         for (args, needle) in [
             (&["--listen", "nowhere"][..], "IP:PORT"),

@@ -27,6 +27,7 @@ use crate::settings::DataFormat;
 use crate::state::{AddrHash, ProcessState, ProcessStats, TrackOptions};
 use crate::trace::attach::Planner;
 use crate::trace::bpf::{Bpf, Counters};
+use crate::trace::holders::Taken;
 use crate::trace::launch;
 use crate::trace::target::process_alive;
 use anyhow::Result;
@@ -404,8 +405,15 @@ impl Session {
         let still_traced = self.bpf.traced_processes();
         self.flush_batches();
         let drained = self.drain(ring.get_mut());
-        // Belt and braces: whatever happened above, nothing we traced may stay stopped.
+        // Belt and braces: whatever happened above, nothing we stopped may stay stopped. Only
+        // launch mode stops processes (a `--pid` session continuing one would undo someone
+        // else's stop: a job stopped by its user, or held by the agent), and what another
+        // tracer holds at an open is that tracer's to continue.
+        let launched = self.cfg.child.is_some();
         for pid in still_traced {
+            if !launched || self.bpf.holders.registry.held_by_others(pid) {
+                continue;
+            }
             // SAFETY: plain kill(2); a no-op for a process that is not stopped.
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
@@ -544,40 +552,54 @@ impl Session {
     }
 
     /// The agent's hold of `pid` (thread `tid`) at an open is over: its probes are in place.
-    /// Continues it unless the watchdog did (`trace::hold`).
+    /// Continues it unless the watchdog did, or another tracer still holds it (`trace::hold`).
     fn release_hold(&mut self, pid: u32, tid: u32, path_hash: u64, cgroup: u64, ts_mono: u64) {
         let Some(holds) = &mut self.bpf.holds else {
             return;
         };
-        let released = holds.release(tid, path_hash, cgroup);
-        let by_watchdog = released == crate::trace::hold::Released::ByWatchdog;
+        let taken = holds.release(&self.bpf.holders.registry, tid, path_hash, cgroup);
+        let by_watchdog = taken == Taken::NotHeld;
         let held_ns = clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(ts_mono);
         // Before it goes on: the observer reads what it needs of the process (its name).
         if let Some(obs) = &mut self.cfg.observer {
             obs.held(pid, held_ns, by_watchdog);
         }
-        if !by_watchdog {
+        if let Taken::Last(pid) = taken {
             // SAFETY: plain kill(2); a process that is gone makes it fail harmlessly.
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
         log::debug(&format!(
             "pid {pid} held at a vendor library's open for {:.2} ms, released by {}",
             held_ns as f64 / 1e6,
-            if by_watchdog {
-                "the watchdog"
-            } else {
-                "the agent"
+            match taken {
+                Taken::Last(_) => "the agent",
+                Taken::OthersHold => "the agent, another tracer still holding it",
+                Taken::NotHeld => "the watchdog",
             }
         ));
     }
 
-    /// Continues a process the BPF side stopped for us (see `STOPPED`).
+    /// Continues a process the BPF side stopped for us (see `STOPPED`); a stop at an open
+    /// (`at_open`) is also another tracer's to end, if it holds the process too.
     fn resume_if(&mut self, stopped: bool, pid: u32) {
-        if stopped {
-            log::debug(&format!("pid {pid} resumed after attaching"));
-            // SAFETY: plain kill(2); a process that is gone makes it fail harmlessly.
-            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        self.resume_stopped(stopped, pid, None);
+    }
+
+    fn resume_stopped(&mut self, stopped: bool, pid: u32, at_open: Option<u32>) {
+        if !stopped {
+            return;
         }
+        // Not recorded (or released by our watchdog): continued as before the registry.
+        let taken = at_open.map_or(Taken::NotHeld, |tid| self.bpf.holders.registry.take(tid));
+        if taken == Taken::OthersHold {
+            log::debug(&format!(
+                "pid {pid}: our probes are in place; another tracer still holds it"
+            ));
+            return;
+        }
+        log::debug(&format!("pid {pid} resumed after attaching"));
+        // SAFETY: plain kill(2); a process that is gone makes it fail harmlessly.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
 
     fn housekeeping(&mut self) {

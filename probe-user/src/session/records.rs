@@ -106,7 +106,7 @@ impl Session {
                         }
                         self.release_hold(*pid, *tid, *path_hash, *cgroup, *ts_mono);
                     } else {
-                        self.resume_if(*stopped, *pid);
+                        self.resume_stopped(*stopped, *pid, Some(*tid));
                     }
                     planned?;
                     self.print_planner_messages();

@@ -119,6 +119,8 @@ pub struct Bpf {
     unlinking: Vec<std::thread::JoinHandle<()>>,
     /// The node agent's hold at vendor-library opens (`hold.rs`); None elsewhere.
     pub holds: Option<crate::trace::hold::Holds>,
+    /// The holds at opens every tracer on the node shares (`holders.rs`).
+    pub holders: crate::trace::holders::Holders,
 }
 
 /// How often `flush_call_batches` asks a CPU whose batch is being changed again before it
@@ -134,7 +136,16 @@ impl Bpf {
         // multi-uprobe programs need is parsed meanwhile on another thread (~50-80 ms each).
         let btf_thread = std::thread::spawn(|| aya::Btf::from_sys_fs().ok());
         let mut log_level = bpf_log::level();
-        let mut ebpf = match load_tracing(offsets, ring_bytes, log_level) {
+        let pins = crate::trace::holders::prepare_pins()
+            .map_err(|why| {
+                crate::log::warn(&format!(
+                    "holds are not shared with other tracers on this node ({why}): beside \
+                     another memscope-bpf, a process may be continued before our probes are in place"
+                ))
+            })
+            .ok();
+        let pins = pins.as_ref().map(|(h, t)| (h.as_path(), t.as_path()));
+        let mut ebpf = match load_tracing(offsets, ring_bytes, log_level, pins) {
             // The BPF side's log statements are more code for the verifier: they must never
             // cost the trace.
             Err(e) if log_level != 0 => {
@@ -142,7 +153,7 @@ impl Bpf {
                     "the BPF side's log does not load here ({e:#}): going on without it"
                 ));
                 log_level = 0;
-                load_tracing(offsets, ring_bytes, 0)?
+                load_tracing(offsets, ring_bytes, 0, pins)?
             }
             loaded => loaded?,
         };
@@ -163,6 +174,7 @@ impl Bpf {
         let specs = Array::try_from(take_map(&mut ebpf, "PROBE_SPECS")?)?;
         let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)?;
         let traced_gen = Array::try_from(take_map(&mut ebpf, "TRACED_GEN")?)?;
+        let holders = crate::trace::holders::Holders::take(&mut ebpf, pins.is_some())?;
         let mut bpf = Bpf {
             ebpf,
             stats: std::env::var_os(STATS_ENV)
@@ -188,6 +200,7 @@ impl Bpf {
             process_links: Default::default(),
             unlinking: Vec::new(),
             holds: None,
+            holders,
         };
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
@@ -676,7 +689,12 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 
 /// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
 /// process-tree tracepoints.
-fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> Result<Ebpf> {
+fn load_tracing(
+    offsets: &TracepointOffsets,
+    ring_bytes: u32,
+    log_level: u8,
+    holders_pins: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<Ebpf> {
     // A stack sample's scratch space per CPU (66 KiB each), only when stacks are taken.
     let stack_slots = match offsets.capture_stacks {
         0 => 1,
@@ -684,7 +702,12 @@ fn load_tracing(offsets: &TracepointOffsets, ring_bytes: u32, log_level: u8) -> 
             .map_err(|(path, e)| anyhow!("cannot read the possible CPUs from {path}: {e}"))?
             as u32,
     };
-    let mut ebpf = EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    if let Some((holders, tracers)) = holders_pins {
+        loader.map_pin_path("HOLDERS", holders);
+        loader.map_pin_path("TRACERS", tracers);
+    }
+    let mut ebpf = loader
         .override_global("TP_OFFSETS", offsets, true)
         .override_global(aya_log::LEVEL, &log_level, true)
         .map_max_entries("EVENTS", ring_bytes)

@@ -9,30 +9,25 @@
 //! - Held once per path and cgroup (`CLEARED`): the same path in another container may be
 //!   another file. A file already probed (by device and inode, the planner's identity)
 //!   needs no new probes, so such a hold lasts one wakeup of the agent.
-//! - Bounded: each hold is recorded in `HELD` (thread -> process), which the watchdog
-//!   (`watchdog.rs`) is given: if the agent freezes or dies, it continues the held
-//!   processes and takes them out of `HELD`; the agent then finds the entry gone and does
-//!   not signal the process again.
+//! - Shared: each hold is recorded in `HOLDERS` (`holders.rs`), with the holds of every other
+//!   tracer on the node (a launch session, another agent): the process is continued by the
+//!   last of them whose probes are in place, so each sees its first allocation.
+//! - Bounded: the watchdog (`watchdog.rs`) is given the registry: if the agent freezes or
+//!   dies, it releases the agent's holds (continuing the processes no other live tracer
+//!   holds); the agent then finds its entry gone and does not signal the process again.
 
+use crate::trace::{
+    aclnn,
+    holders::{Registry, Taken},
+    probes::KNOWN_LIBRARIES,
+    torch_npu,
+};
 use anyhow::Result;
 use aya::maps::{HashMap, MapData};
-use std::os::fd::BorrowedFd;
-
-use crate::trace::{aclnn, probes::KNOWN_LIBRARIES, torch_npu};
-
-/// How a hold ended, seen by the agent when it has handled the open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Released {
-    /// The agent continued it (it was still in `HELD`).
-    ByAgent,
-    /// The watchdog had continued it already (the agent was frozen).
-    ByWatchdog,
-}
 
 pub struct Holds {
     names: HashMap<MapData, u64, u8>,
     cleared: HashMap<MapData, u64, u8>,
-    held: HashMap<MapData, u32, u32>,
 }
 
 /// The file names (up to `.so`) of the libraries the agent probes, with those of `explicit`.
@@ -52,51 +47,33 @@ pub fn vendor_names(explicit: &[std::path::PathBuf]) -> Vec<String> {
 }
 
 impl Holds {
-    /// Takes the hold maps from the loaded object and names the files that hold.
-    pub fn new(bpf: &mut crate::trace::bpf::Bpf, names: &[String]) -> Result<Holds> {
-        let mut names_map: HashMap<MapData, u64, u8> =
-            HashMap::try_from(bpf.take_map("VENDOR_NAMES")?)?;
-        for name in names {
-            names_map.insert(probe_common::vendor_name_hash(name.as_bytes()), 1, 0)?;
-        }
+    /// Takes the hold maps from the loaded object; nothing holds until [`hold_at`](Self::hold_at).
+    pub fn new(bpf: &mut crate::trace::bpf::Bpf) -> Result<Holds> {
         Ok(Holds {
-            names: names_map,
+            names: HashMap::try_from(bpf.take_map("VENDOR_NAMES")?)?,
             cleared: HashMap::try_from(bpf.take_map("CLEARED")?)?,
-            held: HashMap::try_from(bpf.take_map("HELD")?)?,
         })
     }
 
-    /// The `HELD` map, for the watchdog.
-    pub fn held_map_fd(&self) -> BorrowedFd<'_> {
-        use aya::maps::IterableMap;
-        use std::os::fd::AsFd;
-        self.held.map().fd().as_fd()
+    /// Names the files that hold, once the agent drains its records: a process held while
+    /// the agent still starts (reading large libraries, every process's mappings: seconds)
+    /// would wait for all of it.
+    pub fn hold_at(&mut self, names: &[String]) -> Result<()> {
+        for name in names {
+            self.names
+                .insert(probe_common::vendor_name_hash(name.as_bytes()), 1, 0)?;
+        }
+        Ok(())
     }
 
     /// The open of `path_hash` by thread `tid` in `cgroup` has its probes: clears the path
-    /// for that cgroup and takes the thread out of `HELD`. The caller sends SIGCONT only
-    /// for [`Released::ByAgent`].
-    pub fn release(&mut self, tid: u32, path_hash: u64, cgroup: u64) -> Released {
+    /// for that cgroup and ends our hold of the thread. The caller sends SIGCONT only for
+    /// [`Taken::Last`]; [`Taken::NotHeld`]: the watchdog released it already.
+    pub fn release(&mut self, registry: &Registry, tid: u32, path_hash: u64, cgroup: u64) -> Taken {
         let _ = self
             .cleared
             .insert(probe_common::hold_key(path_hash, cgroup), 1, 0);
-        if self.held.remove(&tid).is_ok() {
-            Released::ByAgent
-        } else {
-            Released::ByWatchdog
-        }
-    }
-
-    /// Continues every process still held (the agent is leaving; the final drain released
-    /// all it could).
-    pub fn release_all(&mut self) {
-        let held: Vec<(u32, u32)> = self.held.iter().filter_map(Result::ok).collect();
-        for (tid, pid) in held {
-            if self.held.remove(&tid).is_ok() {
-                // SAFETY: plain kill(2); harmless for a process that is not stopped or gone.
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-            }
-        }
+        registry.take(tid)
     }
 
     /// Whether `name` (a file name) holds at its open: for tests and the debug log.

@@ -14,6 +14,7 @@ pub mod bpf;
 pub mod bpf_log;
 pub mod disk_cache;
 pub mod hold;
+pub mod holders;
 pub mod launch;
 pub mod multi_uprobe;
 pub mod placement;

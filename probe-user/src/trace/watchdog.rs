@@ -15,10 +15,13 @@
 //!   stopped is continued, for as long as the tracer stays stopped (their calls are traced
 //!   again once it runs; libraries opened meanwhile may have had no probes yet).
 //!
-//! The node agent gives it its `HELD` map instead (`Watchdog::start_for_holds`, see
-//! `hold.rs`): keys are the threads it stopped, and an entry continued here is taken out, so
-//! the agent knows it need not continue that process again, and no other process on the host
-//! (the agent traces them all) is ever continued by it.
+//! Every tracer also gives it the registry of holds at opens that tracers share
+//! (`holders.rs`): the watchdog releases the tracer's own entries there (a process is
+//! continued only if no other live tracer holds it, as the tracer itself would), so the
+//! tracer, running again, knows it need not continue that process. A launch session's
+//! watchdog continues the rest of its stopped traced set too, but not a process another live
+//! tracer holds. The node agent's (`Watchdog::start_for_holds`) continues nothing else: no
+//! other process on the host (the agent traces them all) is ever continued by it.
 //!
 //! It ignores SIGINT/SIGTERM/SIGHUP (a Ctrl-C for the tracer's process group must not take it
 //! first) and writes nothing (stdout and stderr are /dev/null, so nobody waits on its output).
@@ -29,6 +32,8 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+
+use crate::trace::holders::{self, Holders, Registry};
 
 /// How long the tracer may be stopped before the watchdog continues the traced processes.
 pub const FROZEN_AFTER: Duration = Duration::from_millis(1000);
@@ -45,17 +50,24 @@ pub struct Watchdog {
 impl Watchdog {
     /// Forks the watchdog. Must run while this process has one thread (before the async
     /// runtime starts).
-    pub fn start(traced_map: BorrowedFd<'_>) -> Result<Watchdog> {
-        Self::fork(traced_map, false)
+    pub fn start(traced_map: BorrowedFd<'_>, holders: &Holders) -> Result<Watchdog> {
+        Self::fork(Some(traced_map.as_raw_fd()), holders)
     }
 
-    /// As `start`, for the agent: `held_map` is its `HELD` map, whose entries are removed as
-    /// they are continued.
-    pub fn start_for_holds(held_map: BorrowedFd<'_>) -> Result<Watchdog> {
-        Self::fork(held_map, true)
+    /// As `start`, for the agent: only its holds in the registry are released.
+    pub fn start_for_holds(holders: &Holders) -> Result<Watchdog> {
+        Self::fork(None, holders)
     }
 
-    fn fork(traced_map: BorrowedFd<'_>, take_out: bool) -> Result<Watchdog> {
+    fn fork(traced_map: Option<i32>, holders: &Holders) -> Result<Watchdog> {
+        // Its own open of the lock: flock locks belong to the open file, shared across fork.
+        let lock = (holders.registry.lock >= 0)
+            .then(holders::open_lock)
+            .flatten();
+        let registry = Registry {
+            lock: lock.as_ref().map_or(-1, |l| l.as_raw_fd()),
+            ..holders.registry
+        };
         let mut fds = [0; 2];
         // SAFETY: valid out-array of two ints.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -71,12 +83,20 @@ impl Watchdog {
             return Err(std::io::Error::last_os_error()).context("fork the watchdog");
         }
         if pid == 0 {
-            let map = traced_map.as_raw_fd();
             let rd = rd.as_raw_fd();
             std::mem::forget(wr);
-            child(tracer, rd, Stopped { map, take_out });
+            std::mem::forget(lock);
+            child(
+                tracer,
+                rd,
+                Stopped {
+                    traced: traced_map,
+                    registry,
+                },
+            );
         }
         drop(rd);
+        drop(lock);
         Ok(Watchdog {
             pipe: wr,
             pid: pid as u32,
@@ -93,12 +113,13 @@ impl Watchdog {
     }
 }
 
-/// The map of processes the watchdog may continue.
+/// What the watchdog may continue.
 #[derive(Clone, Copy)]
 struct Stopped {
-    map: i32,
-    /// `HELD`: remove each key once continued (or gone).
-    take_out: bool,
+    /// Launch mode's `TRACED`: each stopped process in it (that no other tracer holds).
+    traced: Option<i32>,
+    /// The tracer's holds at opens.
+    registry: Registry,
 }
 
 /// The watchdog process. Never returns.
@@ -108,7 +129,11 @@ fn child(tracer: u32, pipe: i32, map: Stopped) -> ! {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_IGN);
         }
-        close_all_but(&[pipe, map.map]);
+        let keep: Vec<i32> = [pipe, map.registry.map, map.registry.lock]
+            .into_iter()
+            .chain(map.traced)
+            .collect();
+        close_all_but(&keep);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         for fd in 0..3 {
             libc::dup2(null, fd);
@@ -195,48 +220,22 @@ pub fn state(pid: u32) -> Option<char> {
         .next()
 }
 
-/// SIGCONT to every process in the map that is stopped (a thread id continues its whole
-/// process); in `HELD`, each is then taken out, as are threads gone.
+/// Releases the tracer's holds of threads that are stopped (or gone: a thread the BPF side
+/// recorded but has not stopped yet keeps its entry, or the tracer, thinking it released,
+/// would never continue it); then SIGCONT to every process of `TRACED` that is stopped and
+/// held by no other live tracer (a thread id continues its whole process).
 fn continue_stopped(map: Stopped) {
-    for pid in map_keys(map.map) {
-        let st = state(pid);
-        if st == Some('T') {
+    map.registry
+        .release_own(|tid| matches!(state(tid), Some('T') | None));
+    let Some(traced) = map.traced else {
+        return;
+    };
+    for pid in map_keys(traced) {
+        if state(pid) == Some('T') && !map.registry.held_by_others(pid) {
             // SAFETY: plain kill(2).
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
-        if map.take_out && matches!(st, Some('T') | None) {
-            delete_key(map.map, pid);
-        }
     }
-}
-
-/// Removes `key` from a map with `u32` keys, through the bpf(2) syscall.
-fn delete_key(map: i32, key: u32) {
-    #[repr(C)]
-    struct MapElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    let attr = MapElemAttr {
-        map_fd: map as u32,
-        _pad: 0,
-        key: &key as *const u32 as u64,
-        value: 0,
-        flags: 0,
-    };
-    // SAFETY: a valid attr for BPF_MAP_DELETE_ELEM; the kernel reads 4 bytes at `key`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_DELETE_ELEM,
-            &attr as *const MapElemAttr,
-            std::mem::size_of::<MapElemAttr>(),
-        )
-    };
 }
 
 /// The keys (pids) of the `TRACED` hash map, through the bpf(2) syscall.

@@ -63,6 +63,8 @@ impl Bpf {
     /// caller is gone.
     pub fn detach_in_background(mut self) {
         self.close_links();
+        // Never dropped here (forgotten below).
+        self.holders.leave();
         let mut fds = [0; 2];
         // SAFETY: plain syscalls; the child only calls read, dup2, open and _exit.
         unsafe {
