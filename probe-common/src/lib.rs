@@ -406,6 +406,12 @@ pub mod spec_flags {
     /// Calls without data: the one timestamp is taken at return (`ts_ns` repeats it), for
     /// calls dated at return (an allocation exists once it returned).
     pub const TIME_AT_RETURN: u32 = 1 << 10;
+    /// Entry-only calls that user space needs only as markers (a task starting on a worker
+    /// thread): no stack sample, C or Python.
+    pub const NO_STACK: u32 = 1 << 11;
+    /// Entry-only calls that need the caller's Python stack and never a C stack (a task
+    /// enqueued from Python: its stack is carried to the thread that runs the task).
+    pub const PYTHON_STACK_ONLY: u32 = 1 << 12;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

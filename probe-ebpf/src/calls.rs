@@ -176,8 +176,15 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
         if spec.flags & spec_flags::STOP_AT_ENTRY != 0 {
             emit_stopping(ev, offsets().stop_on_discovery != 0);
         } else {
-            if sampling::wants_stack(probe, &ev.args, Some(&ev.data)) {
-                emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+            if spec.flags & spec_flags::NO_STACK == 0
+                && sampling::wants_stack(probe, &ev.args, Some(&ev.data))
+            {
+                if spec.flags & spec_flags::PYTHON_STACK_ONLY != 0 {
+                    let sp = stack_pointer(ctx.as_ptr());
+                    crate::python::emit_python_stack(tgid, tid, ev.ts_ns, sp, false);
+                } else {
+                    emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+                }
             }
             emit(ev);
         }

@@ -133,6 +133,14 @@ pub enum Call {
         addr: u64,
         freed: bool,
     },
+    /// MindSpore's pipeline enqueued `task` (`AsyncRQueue::Push`) for a worker thread.
+    MsTaskPush {
+        task: u64,
+    },
+    /// A worker thread started MindSpore pipeline `task` (its class's `Run()`).
+    MsTaskRun {
+        task: u64,
+    },
     /// `aclrtReserveMemAddress`: `addr` when it could be read back.
     VmmReserve {
         addr: Option<u64>,

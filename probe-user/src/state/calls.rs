@@ -308,6 +308,8 @@ impl ProcessState {
             | Call::VmmRelease { .. }
             | Call::VmmMap { .. }
             | Call::VmmUnmap { .. } => {}
+            // Followed before the call is applied (`tasks.rs`).
+            Call::MsTaskPush { .. } | Call::MsTaskRun { .. } => {}
             Call::MsPoolAlloc { size, addr, .. } => {
                 let device = self.pool_device(ev.tid);
                 if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size) {

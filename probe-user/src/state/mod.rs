@@ -20,6 +20,7 @@ mod owners;
 mod pools;
 mod rows;
 mod steps;
+mod tasks;
 #[cfg(test)]
 mod tests;
 mod vmm;
@@ -206,6 +207,8 @@ pub struct ProcessState {
     vmm: vmm::Vmm,
     /// MindSpore's pool, from its own functions (no mstx).
     ms_pools: crate::events::mindspore::MindSporePools,
+    /// The Python stacks MindSpore's pipeline tasks carry to their worker threads.
+    ms_tasks: tasks::TaskStacks,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
     /// The pool blocks the step analysis found outliving a later step, with their stacks,
@@ -352,6 +355,7 @@ impl ProcessState {
         out: &mut Vec<Row>,
     ) {
         self.current_stack = stack;
+        self.ms_tasks.carry(ev, &mut self.current_py_stack);
         let kept_before = opts.steps.keeps(self.step_range.is_some(), self.step);
         let mut rows = self.apply_call(ev, ts_ns, opts);
         let kept_after = opts.steps.keeps(self.step_range.is_some(), self.step);

@@ -69,6 +69,12 @@ pub enum ProbeId {
     AclrtReleaseMemAddress = 49,
     AclrtMapMem = 50,
     AclrtUnmapMem = 51,
+    /// MindSpore's pipeline (`runtime::AsyncRQueue::Push`): a task enqueued for a worker
+    /// thread, with the Python stack of the thread that enqueued it.
+    MsTaskPush = 52,
+    /// A MindSpore pipeline task starting (`Run()` of each task class; several functions
+    /// share this id): what its thread does next is done for the task's enqueuer.
+    MsTaskRun = 53,
 }
 
 impl ProbeId {
@@ -121,6 +127,61 @@ pub const MS_ALLOC_TENSOR_MEM: &str =
 /// `bool AbstractDynamicMemPool::DoFreeTensorMem(void *const &device_addr)`.
 pub const MS_FREE_TENSOR_MEM: &str =
     "_ZN9mindspore6device22AbstractDynamicMemPool15DoFreeTensorMemERKPv";
+/// MindSpore's pipeline queues (`AsyncRQueue`).
+pub const MINDSPORE_PIPELINE_LIBRARY: &str = "libmindspore_runtime_pipeline.so";
+/// `void AsyncRQueue::Push(const std::shared_ptr<AsyncTask> &task)`.
+pub const MS_TASK_PUSH: &str =
+    "_ZN9mindspore7runtime11AsyncRQueue4PushERKSt10shared_ptrINS0_9AsyncTaskEE";
+/// The `Run()` of MindSpore 2.10's pipeline task classes (`AsyncTask` subclasses), by the
+/// library that exports it. A worker thread calls the one of its task through the vtable;
+/// the operator's output blocks are allocated inside `PyBoostDeviceTask::Run` on the
+/// `backend_queue` thread (seen with gdb), after a `PyboostTask` on `frontend_queue`.
+pub const MS_TASK_RUNS: [(&str, &str); 11] = [
+    (
+        "libmindspore_pynative.so",
+        "_ZN9mindspore8pynative11PyboostTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative.so",
+        "_ZN9mindspore8pynative12FrontendTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative.so",
+        "_ZN9mindspore8pynative22ViewPyboostPromiseTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative.so",
+        "_ZN9mindspore8pynative23PassthroughFrontendTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative_utils.so",
+        "_ZN9mindspore7runtime15DeviceOpRunTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative_utils.so",
+        "_ZN9mindspore7runtime16DeviceLaunchTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative_utils.so",
+        "_ZN9mindspore7runtime17PyBoostDeviceTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative_utils.so",
+        "_ZN9mindspore7runtime21PassthroughDeviceTask3RunEv",
+    ),
+    (
+        "libmindspore_pynative_utils.so",
+        "_ZN9mindspore7runtime27PassthroughNoWaitDeviceTask3RunEv",
+    ),
+    (
+        MINDSPORE_PIPELINE_LIBRARY,
+        "_ZN9mindspore7runtime12RunGraphTask3RunEv",
+    ),
+    (
+        MINDSPORE_PIPELINE_LIBRARY,
+        "_ZN9mindspore7runtime21BatchLaunchKernelTask3RunEv",
+    ),
+];
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
@@ -278,6 +339,17 @@ const fn tensor_walk(arg: u32, copy: u32, vec_off: u32, at_return: bool) -> Prob
 
 /// Runners run runners (a graph runner executes its nodes), so every ATB probe that waits
 /// for a return is `NESTED`.
+/// The `i`th of [`MS_TASK_RUNS`]: `this` (the task) at entry, no stack.
+const fn ms_task_run(i: usize) -> ProbeDef {
+    let (lib, symbol) = MS_TASK_RUNS[i];
+    ProbeDef {
+        id: ProbeId::MsTaskRun,
+        symbol,
+        home: Home::Library(lib),
+        spec: keeping(spec(sf::NO_STACK, 0, 0, 0), &[0]),
+    }
+}
+
 const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeDef {
     let nested = if spec.flags & sf::WANTS_RETURN != 0 {
         sf::NESTED
@@ -295,7 +367,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
     }
 }
 
-pub const PROBES: [ProbeDef; 51] = [
+pub const PROBES: [ProbeDef; 63] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -660,6 +732,25 @@ pub const PROBES: [ProbeDef; 51] = [
         home: Home::Library(ACL_LIBRARY),
         spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
     },
+    // MindSpore's pipeline: the task is read through the shared_ptr reference at entry, with
+    // the enqueuing thread's Python stack (no C stack: only the Python line is carried).
+    ProbeDef {
+        id: ProbeId::MsTaskPush,
+        symbol: MS_TASK_PUSH,
+        home: Home::Library(MINDSPORE_PIPELINE_LIBRARY),
+        spec: spec(sf::DATA_IS_BYTES | sf::PYTHON_STACK_ONLY, 1, 8, 0),
+    },
+    ms_task_run(0),
+    ms_task_run(1),
+    ms_task_run(2),
+    ms_task_run(3),
+    ms_task_run(4),
+    ms_task_run(5),
+    ms_task_run(6),
+    ms_task_run(7),
+    ms_task_run(8),
+    ms_task_run(9),
+    ms_task_run(10),
 ];
 
 /// What an ATB probe captures.
@@ -755,9 +846,21 @@ mod tests {
             assert_eq!(ProbeId::from_raw(p.id as u16), Some(p.id));
             assert!((p.id as u32) < probe_common::MAX_PROBES);
         }
+        // One id per probe, but for the task classes' `Run()`: one id, one spec.
         let mut ids: Vec<_> = PROBES.iter().map(|p| p.id).collect();
         ids.dedup();
-        assert_eq!(ids.len(), PROBES.len());
+        assert_eq!(ids.len(), PROBES.len() - (MS_TASK_RUNS.len() - 1));
+        for p in PROBES.iter().filter(|p| p.id == ProbeId::MsTaskRun) {
+            assert_eq!(p.spec, ms_task_run(0).spec);
+        }
+        let mut sorted: Vec<_> = PROBES.iter().map(|p| p.id).collect();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            ids.len(),
+            "a shared id is one run of neighbours"
+        );
         assert_eq!(ProbeId::from_raw(0), None);
     }
 

@@ -220,6 +220,18 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 raw.ts_ns,
             )
         }
+        ProbeId::MsTaskPush => {
+            if raw.flags & event_flags::DATA_FAULT != 0 {
+                return None;
+            }
+            (
+                Call::MsTaskPush {
+                    task: u64_at(raw.data(), 0)?,
+                },
+                raw.ts_ns,
+            )
+        }
+        ProbeId::MsTaskRun => (Call::MsTaskRun { task: raw.args[0] }, raw.ts_ns),
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,
