@@ -412,6 +412,12 @@ pub mod spec_flags {
     /// Entry-only calls that need the caller's Python stack and never a C stack (a task
     /// enqueued from Python: its stack is carried to the thread that runs the task).
     pub const PYTHON_STACK_ONLY: u32 = 1 << 12;
+    /// At return, read a counter of the object in `deref_arg` through one pointer member:
+    /// `*(*(obj + hi >> 16) + (hi & 0xffff))` into `deref`, where `hi` is the cookie's part
+    /// above the probe id (user space finds the offsets in the library's code; 0: not found,
+    /// nothing read). A MindSpore pool's own `used` bytes, read by the thread that just
+    /// changed them.
+    pub const READ_CHAIN: u32 = 1 << 13;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

@@ -554,6 +554,17 @@ fn finish_return(
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
         }
     }
+    if spec.flags & spec_flags::READ_CHAIN != 0 && ev.cpu != 0 {
+        let obj = ev.args.get(spec.deref_arg as usize).copied().unwrap_or(0);
+        let member = obj.wrapping_add((ev.cpu >> 16) as u64) as *const u64;
+        let read = unsafe { bpf_probe_read_user(member) }.and_then(|p| unsafe {
+            bpf_probe_read_user(p.wrapping_add((ev.cpu & 0xffff) as u64) as *const u64)
+        });
+        match read {
+            Ok(v) => ev.deref = v,
+            Err(_) => ev.flags |= event_flags::DEREF_FAULT,
+        }
+    }
     if sampling::wants_stack(ev.probe as u32, &ev.args, Some(&ev.data)) {
         emit_stack(ctx, tgid, tid, ev.ts_ns);
     }

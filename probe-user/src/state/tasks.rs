@@ -93,6 +93,7 @@ mod tests {
             pool: 1,
             size: 512,
             addr: 0x10,
+            pool_used: None,
         }
     }
 

@@ -1158,6 +1158,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             pool: 0x5555,
             size: 512,
             addr: RANGE + 0x200,
+            pool_used: None,
         };
         let rows = p.apply(&ev(1, alloc), 4, &o, None);
         assert!(
@@ -1260,6 +1261,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             pool: 0x5555,
             size: 3 << 20,
             addr: RANGE + 0x200,
+            pool_used: None,
         };
         p.apply(&ev(1, alloc), 5, &o, None);
         if !map_first {

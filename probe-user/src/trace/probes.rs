@@ -119,69 +119,6 @@ pub const RUNTIME_LIBRARY: &str = "libruntime.so";
 pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
 pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
 pub const ATB_LIBRARY: &str = "libatb.so";
-pub const MINDSPORE_POOL_LIBRARY: &str = "libmindspore_memory_pool.so";
-/// `void *AbstractDynamicMemPool::AllocTensorMem(size_t size, bool from_persistent_mem,
-/// bool need_recycle, uint32_t stream_id)`.
-pub const MS_ALLOC_TENSOR_MEM: &str =
-    "_ZN9mindspore6device22AbstractDynamicMemPool14AllocTensorMemEmbbj";
-/// `bool AbstractDynamicMemPool::DoFreeTensorMem(void *const &device_addr)`.
-pub const MS_FREE_TENSOR_MEM: &str =
-    "_ZN9mindspore6device22AbstractDynamicMemPool15DoFreeTensorMemERKPv";
-/// MindSpore's pipeline queues (`AsyncRQueue`).
-pub const MINDSPORE_PIPELINE_LIBRARY: &str = "libmindspore_runtime_pipeline.so";
-/// `void AsyncRQueue::Push(const std::shared_ptr<AsyncTask> &task)`.
-pub const MS_TASK_PUSH: &str =
-    "_ZN9mindspore7runtime11AsyncRQueue4PushERKSt10shared_ptrINS0_9AsyncTaskEE";
-/// The `Run()` of MindSpore 2.10's pipeline task classes (`AsyncTask` subclasses), by the
-/// library that exports it. A worker thread calls the one of its task through the vtable;
-/// the operator's output blocks are allocated inside `PyBoostDeviceTask::Run` on the
-/// `backend_queue` thread (seen with gdb), after a `PyboostTask` on `frontend_queue`.
-pub const MS_TASK_RUNS: [(&str, &str); 11] = [
-    (
-        "libmindspore_pynative.so",
-        "_ZN9mindspore8pynative11PyboostTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative.so",
-        "_ZN9mindspore8pynative12FrontendTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative.so",
-        "_ZN9mindspore8pynative22ViewPyboostPromiseTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative.so",
-        "_ZN9mindspore8pynative23PassthroughFrontendTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative_utils.so",
-        "_ZN9mindspore7runtime15DeviceOpRunTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative_utils.so",
-        "_ZN9mindspore7runtime16DeviceLaunchTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative_utils.so",
-        "_ZN9mindspore7runtime17PyBoostDeviceTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative_utils.so",
-        "_ZN9mindspore7runtime21PassthroughDeviceTask3RunEv",
-    ),
-    (
-        "libmindspore_pynative_utils.so",
-        "_ZN9mindspore7runtime27PassthroughNoWaitDeviceTask3RunEv",
-    ),
-    (
-        MINDSPORE_PIPELINE_LIBRARY,
-        "_ZN9mindspore7runtime12RunGraphTask3RunEv",
-    ),
-    (
-        MINDSPORE_PIPELINE_LIBRARY,
-        "_ZN9mindspore7runtime21BatchLaunchKernelTask3RunEv",
-    ),
-];
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
@@ -310,6 +247,8 @@ const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDe
 }
 
 pub mod atb;
+pub mod mindspore;
+pub use mindspore::*;
 
 /// A string reached through a pointer at `ptr_off` of the struct argument `arg`.
 const fn string_field(arg: u32, ptr_off: u32) -> ProbeSpec {
@@ -339,17 +278,6 @@ const fn tensor_walk(arg: u32, copy: u32, vec_off: u32, at_return: bool) -> Prob
 
 /// Runners run runners (a graph runner executes its nodes), so every ATB probe that waits
 /// for a return is `NESTED`.
-/// The `i`th of [`MS_TASK_RUNS`]: `this` (the task) at entry, no stack.
-const fn ms_task_run(i: usize) -> ProbeDef {
-    let (lib, symbol) = MS_TASK_RUNS[i];
-    ProbeDef {
-        id: ProbeId::MsTaskRun,
-        symbol,
-        home: Home::Library(lib),
-        spec: keeping(spec(sf::NO_STACK, 0, 0, 0), &[0]),
-    }
-}
-
 const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeDef {
     let nested = if spec.flags & sf::WANTS_RETURN != 0 {
         sf::NESTED
@@ -685,14 +613,18 @@ pub const PROBES: [ProbeDef; 63] = [
     },
     // MindSpore's pool (C++: NESTED, so the return is seen at the return instructions and an
     // exception may unwind through). The size is already the pool's aligned block size; the
-    // block's address is the return value. `this` names the pool. Dated at its return (a
+    // block's address is the return value. `this` names the pool; at the return of both, the
+    // pool's own used bytes are read through it (READ_CHAIN, `trace/mindspore.rs`). Dated at its return (a
     // NESTED call reads both ends' times): the driver memory it mapped on the way is then in
     // the pool's total.
     ProbeDef {
         id: ProbeId::MsAllocTensorMem,
         symbol: MS_ALLOC_TENSOR_MEM,
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
-        spec: keeping(spec(sf::WANTS_RETURN | sf::NESTED, 0, 0, 0), &[0, 1]),
+        spec: keeping(
+            spec(sf::WANTS_RETURN | sf::NESTED | sf::READ_CHAIN, 0, 0, 0),
+            &[0, 1],
+        ),
     },
     // The address is read through the reference at entry; the free counts only when the pool
     // says it freed the block (returns true).
@@ -700,7 +632,12 @@ pub const PROBES: [ProbeDef; 63] = [
         id: ProbeId::MsFreeTensorMem,
         symbol: MS_FREE_TENSOR_MEM,
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES, 1, 8, 0),
+        spec: spec(
+            sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES | sf::READ_CHAIN,
+            1,
+            8,
+            0,
+        ),
     },
     // aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment,
     // void *expectPtr, uint64_t flags): *virPtr is read at return.
@@ -837,62 +774,4 @@ pub fn library_matches(file_name: &str, lib: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_unique_and_round_trip() {
-        for p in &PROBES {
-            assert_eq!(ProbeId::from_raw(p.id as u16), Some(p.id));
-            assert!((p.id as u32) < probe_common::MAX_PROBES);
-        }
-        // One id per probe, but for the task classes' `Run()`: one id, one spec.
-        let mut ids: Vec<_> = PROBES.iter().map(|p| p.id).collect();
-        ids.dedup();
-        assert_eq!(ids.len(), PROBES.len() - (MS_TASK_RUNS.len() - 1));
-        for p in PROBES.iter().filter(|p| p.id == ProbeId::MsTaskRun) {
-            assert_eq!(p.spec, ms_task_run(0).spec);
-        }
-        let mut sorted: Vec<_> = PROBES.iter().map(|p| p.id).collect();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(
-            sorted.len(),
-            ids.len(),
-            "a shared id is one run of neighbours"
-        );
-        assert_eq!(ProbeId::from_raw(0), None);
-    }
-
-    #[test]
-    fn library_name_matching() {
-        assert!(library_matches("libascend_hal.so", HAL_LIBRARY));
-        assert!(library_matches("libascend_hal.so.1", HAL_LIBRARY));
-        assert!(!library_matches("libascend_hal.so_backup", HAL_LIBRARY));
-        assert!(!library_matches("libascend_hal_stub.so", HAL_LIBRARY));
-        let hal: Vec<_> = expected_in("libascend_hal.so")
-            .iter()
-            .map(|p| p.symbol)
-            .collect();
-        assert_eq!(
-            hal,
-            ["halMemAlloc", "halMemFree", "halMemCreate", "halMemRelease"]
-        );
-        assert_eq!(expected_in("libms_tools_ext.so").len(), 8);
-        for p in &PROBES {
-            if p.spec.flags & sf::BATCH != 0 {
-                let quarter = probe_common::DATA_LEN as u32 / 4;
-                assert!(p.spec.per_chunk * p.spec.elem_size < probe_common::DATA_LEN as u32);
-                if p.spec.array2_off != NO_ARRAY2 {
-                    assert!(p.spec.array2_base >= p.spec.per_chunk * p.spec.elem_size);
-                    assert_eq!(p.spec.array2_base % quarter, 0);
-                    assert!(p.spec.per_chunk * p.spec.elem2_size < quarter);
-                }
-            }
-            if p.spec.flags & sf::INDIRECT != 0 {
-                let half = probe_common::DATA_LEN as u32 / 2;
-                assert!(p.spec.data_len < half && p.spec.indirect_len < half);
-            }
-        }
-    }
-}
+mod tests;

@@ -203,6 +203,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 pool: raw.args[0],
                 size: raw.args[1],
                 addr: if has_ret { raw.ret } else { 0 },
+                pool_used: ms_pool_used(raw, has_ret),
             },
             raw.ret_ts_ns,
         ),
@@ -216,6 +217,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                     addr: u64_at(raw.data(), 0)?,
                     // A C++ bool: only the low byte of the return register is set.
                     freed: has_ret && raw.ret & 0xff != 0,
+                    pool_used: ms_pool_used(raw, has_ret),
                 },
                 raw.ts_ns,
             )
@@ -333,4 +335,10 @@ pub(super) fn id_wants_return(id: ProbeId) -> bool {
         .iter()
         .find(|p| p.id == id)
         .is_some_and(|p| p.wants_return())
+}
+
+/// The used bytes a MindSpore pool probe read from the pool at its return (`READ_CHAIN`: the
+/// cookie's upper bits, in `cpu`, say where; 0 when the tracer did not find the counter).
+fn ms_pool_used(raw: &RawEvent, has_ret: bool) -> Option<u64> {
+    (has_ret && raw.cpu != 0 && raw.flags & event_flags::DEREF_FAULT == 0).then_some(raw.deref)
 }

@@ -218,9 +218,24 @@ fn mindspore_pool_calls() {
         Call::MsPoolAlloc {
             pool: 0x5555_0000,
             size: 1_049_088,
-            addr: 0x6000_0000_0200
+            addr: 0x6000_0000_0200,
+            pool_used: None,
         }
     );
+    // With the pool's counter found (the cookie's upper bits), its value read at the return;
+    // none when the read faulted.
+    r.cpu = 0xd8 << 16;
+    r.deref = 5 << 20;
+    let used = |r: &RawEvent| match decode(r) {
+        Some(Decoded::Call(CallEvent {
+            call: Call::MsPoolAlloc { pool_used, .. },
+            ..
+        })) => pool_used,
+        _ => panic!("AllocTensorMem does not decode"),
+    };
+    assert_eq!(used(&r), Some(5 << 20));
+    r.flags |= event_flags::DEREF_FAULT;
+    assert_eq!(used(&r), None);
     let mut f = call_raw(ProbeId::MsFreeTensorMem);
     f.args = [0x5555_0000, 0x7ffc_0000, 0, 0, 0, 0];
     f.data_len = 8;
@@ -236,7 +251,8 @@ fn mindspore_pool_calls() {
             Call::MsPoolFree {
                 pool: 0x5555_0000,
                 addr: 0x6000_0000_0200,
-                freed
+                freed,
+                pool_used: None,
             }
         );
     }
