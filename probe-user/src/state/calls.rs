@@ -317,6 +317,7 @@ impl ProcessState {
                 ..
             } => {
                 let device = self.pool_device(ev.tid);
+                self.take_driver_before(device);
                 if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size, *pool_used) {
                     change.reserved = self.driver_bytes(device);
                     self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
@@ -329,6 +330,7 @@ impl ProcessState {
                 ..
             } => {
                 let device = self.pool_device(ev.tid);
+                self.take_driver_before(device);
                 if let Some(mut change) = self.ms_pools.free(device, *addr, *freed, *pool_used) {
                     change.reserved = self.driver_bytes(change.device);
                     self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);

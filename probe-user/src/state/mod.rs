@@ -196,6 +196,9 @@ pub struct ProcessState {
     live_handles: HashMap<u64, Block, AddrHash>,
     /// Keyed by device id: looked up for every MALLOC/FREE row, so not SipHash.
     used: HashMap<u32, u64, AddrHash>,
+    /// Driver memory the process had mapped before a `--pid` attach (MindSpore's VMM handles,
+    /// read from its memory), added to the device its pool first runs on.
+    pub driver_before: u64,
     next_allocation_id: u64,
     step: u32,
     step_range: Option<u64>,
