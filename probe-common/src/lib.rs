@@ -417,6 +417,18 @@ pub mod spec_flags {
     /// Calls without data: the one timestamp is taken at return (`ts_ns` repeats it), for
     /// calls dated at return (an allocation exists once it returned).
     pub const TIME_AT_RETURN: u32 = 1 << 10;
+    /// Entry-only calls that user space needs only as markers (a task starting on a worker
+    /// thread): no stack sample, C or Python.
+    pub const NO_STACK: u32 = 1 << 11;
+    /// Entry-only calls that need the caller's Python stack and never a C stack (a task
+    /// enqueued from Python: its stack is carried to the thread that runs the task).
+    pub const PYTHON_STACK_ONLY: u32 = 1 << 12;
+    /// At return, read a counter of the object in `deref_arg` through one pointer member:
+    /// `*(*(obj + hi >> 16) + (hi & 0xffff))` into `deref`, where `hi` is the cookie's part
+    /// above the probe id (user space finds the offsets in the library's code; 0: not found,
+    /// nothing read). A MindSpore pool's own `used` bytes, read by the thread that just
+    /// changed them.
+    pub const READ_CHAIN: u32 = 1 << 13;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

@@ -176,8 +176,15 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
         if spec.flags & spec_flags::STOP_AT_ENTRY != 0 {
             emit_stopping(ev, offsets().stop_on_discovery != 0);
         } else {
-            if sampling::wants_stack(probe, &ev.args, Some(&ev.data)) {
-                emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+            if spec.flags & spec_flags::NO_STACK == 0
+                && sampling::wants_stack(probe, &ev.args, Some(&ev.data))
+            {
+                if spec.flags & spec_flags::PYTHON_STACK_ONLY != 0 {
+                    let sp = stack_pointer(ctx.as_ptr());
+                    crate::python::emit_python_stack(tgid, tid, ev.ts_ns, sp, false);
+                } else {
+                    emit_stack(ctx.as_ptr(), tgid, tid, ev.ts_ns);
+                }
             }
             emit(ev);
         }
@@ -543,6 +550,17 @@ fn finish_return(
             None => 0 as *const u64,
         };
         match unsafe { bpf_probe_read_user(ptr) } {
+            Ok(v) => ev.deref = v,
+            Err(_) => ev.flags |= event_flags::DEREF_FAULT,
+        }
+    }
+    if spec.flags & spec_flags::READ_CHAIN != 0 && ev.cpu != 0 {
+        let obj = ev.args.get(spec.deref_arg as usize).copied().unwrap_or(0);
+        let member = obj.wrapping_add((ev.cpu >> 16) as u64) as *const u64;
+        let read = unsafe { bpf_probe_read_user(member) }.and_then(|p| unsafe {
+            bpf_probe_read_user(p.wrapping_add((ev.cpu & 0xffff) as u64) as *const u64)
+        });
+        match read {
             Ok(v) => ev.deref = v,
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
         }

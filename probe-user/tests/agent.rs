@@ -1107,3 +1107,97 @@ fn agent_reports_a_cuda_torch_job_by_owner() {
          memory_reserved()\n{text}"
     );
 }
+
+/// The released mindspore wheel with virtual memory management on (its default), picked up by
+/// the agent: its pool's live blocks are MINDSPORE bytes equal to its own memory_allocated(),
+/// and the physical memory mapped behind them (driver handles, `halMemCreate`) is CANN bytes
+/// equal to its memory_reserved(), nothing else: VMM memory is accounted as `halMemAlloc`
+/// memory is.
+#[test]
+fn agent_accounts_a_real_mindspore_jobs_vmm_memory() {
+    const TEST: &str = "agent_accounts_a_real_mindspore_jobs_vmm_memory";
+    if !require_root(TEST) {
+        return;
+    }
+    let Some(venv) = std::env::var_os("MEMSCOPE_MINDSPORE_VENV").map(PathBuf::from) else {
+        eprintln!("SKIPPED {TEST}: MEMSCOPE_MINDSPORE_VENV is not set");
+        println!("SKIPPED {TEST}: no mindspore test bed");
+        return;
+    };
+    let _g = serial();
+    let lib64 = cann_dir().join("lib64");
+    let libs: Vec<String> = ["libascend_hal.so", "libascendcl.so"]
+        .iter()
+        .map(|l| lib64.join(l).display().to_string())
+        .collect();
+    let agent =
+        Agent::start_without_libs(&["--lib", &libs[0], "--lib", &libs[1], "--sample-bytes", "0"]);
+    let dir = scratch("agent-mindspore");
+    let (log, go, hold) = (dir.join("gt.log"), dir.join("go"), dir.join("hold"));
+    let _release_hold = GoOnDrop(hold.clone());
+    let _release_go = GoOnDrop(go.clone());
+    let mut job = KillOnDrop(
+        Command::new(venv.join("bin/python"))
+            .arg(repo_root().join("tests/fixtures/python/mindspore_train.py"))
+            .arg("--log")
+            .arg(&log)
+            .args(["--steps", "5", "--wait-file"])
+            .arg(&go)
+            .arg("--hold-file")
+            .arg(&hold)
+            .envs(cann_env())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start python"),
+    );
+    let text = wait_for_text(&log, "READY", 300);
+    let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
+    assert_eq!(log_lines(&text, "READY")[0]["device"], "Ascend", "{text}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !agent
+        .metrics()
+        .iter()
+        .any(|(n, l, _)| n == "memscope_process_exited" && l["pid"] == pid.to_string())
+    {
+        assert!(Instant::now() < deadline, "the agent never picked up {pid}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&go, b"").unwrap();
+    let text = wait_for_text(&log, "DONE", 300);
+    let end = &log_lines(&text, "END")[0];
+    let allocated: u64 = end["allocated"].parse().unwrap();
+    let reserved: u64 = end["reserved"].parse().unwrap();
+    assert!(allocated > 0 && reserved > allocated, "{text}");
+    let by_owner = |live: &BTreeMap<(String, String), u64>| -> (u64, u64, Vec<String>) {
+        let (mut ms, mut cann, mut others) = (0, 0, Vec::new());
+        for ((device, owner), bytes) in live {
+            match owner.as_str() {
+                "MINDSPORE" if device == "0" => ms += bytes,
+                o if o.starts_with("CANN@") && device == "0" => cann += bytes,
+                o => others.push(format!("{device}/{o}: {bytes}")),
+            }
+        }
+        (ms, cann, others)
+    };
+    // The agent is behind by its reorder window and snapshot interval, more under load.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let live = loop {
+        let live = live_metrics(&agent.metrics(), pid);
+        if by_owner(&live).0 == allocated && by_owner(&live).1 == reserved
+            || Instant::now() > deadline
+        {
+            break live;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        by_owner(&live),
+        (allocated, reserved, vec![]),
+        "(MINDSPORE, CANN, other) live bytes of pid {pid} vs the script's \
+         memory_allocated()/memory_reserved()\n{text}"
+    );
+    std::fs::write(&hold, b"").unwrap();
+    let status = job.0.wait().unwrap();
+    assert!(status.success(), "the script failed\n{text}");
+    agent.stop();
+}

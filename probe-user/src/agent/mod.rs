@@ -276,6 +276,7 @@ fn trace(
     let cfg = SessionConfig {
         output_dir: std::env::temp_dir(),
         config_json: String::new(),
+        driver_before: None,
         format: crate::settings::DataFormat::Csv,
         track: TrackOptions {
             dump: EventSet {

@@ -130,6 +130,8 @@ pub enum Call {
         pool: u64,
         size: u64,
         addr: u64,
+        /// The pool's own used bytes after the call, when they could be read.
+        pool_used: Option<u64>,
     },
     /// MindSpore's pool was asked to free the block at `addr` (`DoFreeTensorMem`); `freed`:
     /// it said it did.
@@ -137,6 +139,15 @@ pub enum Call {
         pool: u64,
         addr: u64,
         freed: bool,
+        pool_used: Option<u64>,
+    },
+    /// MindSpore's pipeline enqueued `task` (`AsyncRQueue::Push`) for a worker thread.
+    MsTaskPush {
+        task: u64,
+    },
+    /// A worker thread started MindSpore pipeline `task` (its class's `Run()`).
+    MsTaskRun {
+        task: u64,
     },
     /// `aclrtReserveMemAddress`: `addr` when it could be read back.
     VmmReserve {

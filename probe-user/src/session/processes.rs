@@ -102,8 +102,12 @@ impl Session {
             if let Some((bytes, files)) = cfg.rotate {
                 out.rotate(bytes, files);
             }
+            let mut state = ProcessState::new(pid);
+            if let Some((_, bytes)) = cfg.driver_before.filter(|&(p, _)| p == pid) {
+                state.driver_before = bytes;
+            }
             Traced {
-                state: ProcessState::new(pid),
+                state,
                 out,
                 finished: false,
                 applied_ts: 0,

@@ -308,15 +308,30 @@ impl ProcessState {
             | Call::VmmRelease { .. }
             | Call::VmmMap { .. }
             | Call::VmmUnmap { .. } => {}
-            Call::MsPoolAlloc { size, addr, .. } => {
+            // Followed before the call is applied (`tasks.rs`).
+            Call::MsTaskPush { .. } | Call::MsTaskRun { .. } => {}
+            Call::MsPoolAlloc {
+                size,
+                addr,
+                pool_used,
+                ..
+            } => {
                 let device = self.pool_device(ev.tid);
-                if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size) {
+                self.take_driver_before(device);
+                if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size, *pool_used) {
                     change.reserved = self.driver_bytes(device);
                     self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
                 }
             }
-            Call::MsPoolFree { addr, freed, .. } => {
-                if let Some(mut change) = self.ms_pools.free(*addr, *freed) {
+            Call::MsPoolFree {
+                addr,
+                freed,
+                pool_used,
+                ..
+            } => {
+                let device = self.pool_device(ev.tid);
+                self.take_driver_before(device);
+                if let Some(mut change) = self.ms_pools.free(device, *addr, *freed, *pool_used) {
                     change.reserved = self.driver_bytes(change.device);
                     self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);
                 }

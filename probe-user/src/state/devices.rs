@@ -79,6 +79,14 @@ impl ProcessState {
             .unwrap_or(0)
     }
 
+    /// Counts the driver memory mapped before the attach on `device`, the pool's, once.
+    pub(super) fn take_driver_before(&mut self, device: u32) {
+        let before = std::mem::take(&mut self.driver_before);
+        if before > 0 {
+            *self.used.entry(device).or_default() += before;
+        }
+    }
+
     /// The driver memory the process holds on `device` (HAL blocks and physical handles).
     pub(super) fn driver_bytes(&self, device: u32) -> u64 {
         self.used.get(&device).copied().unwrap_or(0)

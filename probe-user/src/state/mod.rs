@@ -21,6 +21,7 @@ mod owners;
 mod pools;
 mod rows;
 mod steps;
+mod tasks;
 #[cfg(test)]
 mod tests;
 mod vmm;
@@ -213,6 +214,9 @@ pub struct ProcessState {
     live_handles: HashMap<u64, Block, AddrHash>,
     /// Keyed by device id: looked up for every MALLOC/FREE row, so not SipHash.
     used: HashMap<u32, u64, AddrHash>,
+    /// Driver memory the process had mapped before a `--pid` attach (MindSpore's VMM handles,
+    /// read from its memory), added to the device its pool first runs on.
+    pub driver_before: u64,
     next_allocation_id: u64,
     step: u32,
     step_range: Option<u64>,
@@ -224,6 +228,8 @@ pub struct ProcessState {
     vmm: vmm::Vmm,
     /// MindSpore's pool, from its own functions (no mstx).
     ms_pools: crate::events::mindspore::MindSporePools,
+    /// The Python stacks MindSpore's pipeline tasks carry to their worker threads.
+    ms_tasks: tasks::TaskStacks,
     pool_blocks: HashMap<(PoolKind, u64), Block>,
     step_leaks: StepLeaks,
     /// The pool blocks the step analysis found outliving a later step, with their stacks,
@@ -373,6 +379,7 @@ impl ProcessState {
         out: &mut Vec<Row>,
     ) {
         self.current_stack = stack;
+        self.ms_tasks.carry(ev, &mut self.current_py_stack);
         let kept_before = opts.steps.keeps(self.step_range.is_some(), self.step);
         let mut rows = self.apply_call(ev, ts_ns, opts);
         let kept_after = opts.steps.keeps(self.step_range.is_some(), self.step);

@@ -1158,6 +1158,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             pool: 0x5555,
             size: 512,
             addr: RANGE + 0x200,
+            pool_used: None,
         };
         let rows = p.apply(&ev(1, alloc), 4, &o, None);
         assert!(
@@ -1260,6 +1261,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             pool: 0x5555,
             size: 3 << 20,
             addr: RANGE + 0x200,
+            pool_used: None,
         };
         p.apply(&ev(1, alloc), 5, &o, None);
         if !map_first {
@@ -1341,4 +1343,38 @@ fn cuda_runtime_c10_reports_and_nvtx_steps() {
         (rows[0].event_type, rows[0].device),
         ("HOST", DeviceKey::Cpu)
     );
+}
+
+/// `--pid`: the driver memory mapped before the attach (MindSpore's VMM handles, read at
+/// attach) is in the pool rows' `total` from the first one on, counted once.
+#[test]
+fn driver_memory_mapped_before_the_attach_counts_in_the_pools_total() {
+    const MIB2: u64 = 2 << 20;
+    let o = opts();
+    let mut p = ProcessState::new(100);
+    p.driver_before = 3 * MIB2;
+    let create = Call::HalCreate {
+        size: MIB2,
+        flag: 0,
+        prop: None,
+        ret: 0,
+        handle: Some(0x77),
+    };
+    p.apply(&ev(1, create), 1, &o, None);
+    let total_of = |rows: &[Row]| {
+        rows.iter()
+            .find(|r| r.event_type == "MINDSPORE")
+            .and_then(|r| r.attr.split(',').find_map(|a| a.strip_prefix("total:")))
+            .map(str::to_string)
+    };
+    let alloc = |addr| Call::MsPoolAlloc {
+        pool: 0x5555,
+        size: 512,
+        addr,
+        pool_used: None,
+    };
+    let rows = p.apply(&ev(1, alloc(0x1000)), 2, &o, None);
+    assert_eq!(total_of(&rows).as_deref(), Some("8388608"));
+    let rows = p.apply(&ev(1, alloc(0x2000)), 3, &o, None);
+    assert_eq!(total_of(&rows).as_deref(), Some("8388608"));
 }

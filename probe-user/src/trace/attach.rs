@@ -573,6 +573,7 @@ impl Planner {
                 if let Some(cold) = obj.function(&format!("{}.cold", p.symbol)) {
                     parts.push((cold.file_offset, cold.size));
                 }
+                let cookie = p.id as u64 | ms_used_counter(host, &obj, p.id);
                 let attached = match placement::return_sites(host, &parts) {
                     Ok(sites) => {
                         self.debug.push(format!(
@@ -580,7 +581,7 @@ impl Planner {
                             p.symbol,
                             sites.len()
                         ));
-                        bpf.attach_uprobe_return_sites(host, offset, &sites, p.id as u16, scope)
+                        bpf.attach_uprobe_return_sites(host, offset, &sites, cookie, scope)
                     }
                     Err(why) => {
                         self.debug.push(format!(
@@ -588,7 +589,7 @@ impl Planner {
                              through it would end the program",
                             p.symbol
                         ));
-                        bpf.attach_uprobe(host, offset, p.id as u16, true, scope)
+                        bpf.attach_many(host, &[(offset, cookie)], true, scope)
                     }
                 };
                 match attached {
@@ -655,13 +656,31 @@ impl Planner {
     }
 }
 
+/// The cookie bits that tell a MindSpore pool probe where the pool counts its used bytes
+/// (`READ_CHAIN`; 0 for other probes, or when the getter is not the expected code).
+fn ms_used_counter(host: &Path, obj: &ElfObject, id: probes::ProbeId) -> u64 {
+    if !matches!(
+        id,
+        probes::ProbeId::MsAllocTensorMem | probes::ProbeId::MsFreeTensorMem
+    ) {
+        return 0;
+    }
+    obj.function(super::mindspore::TOTAL_USED)
+        .and_then(|getter| super::mindspore::used_counter(host, getter))
+        .map_or(0, |(member, counter)| {
+            ((member as u64) << 16 | counter as u64) << probe_common::COOKIE_HI_SHIFT
+        })
+}
+
 /// The symbols the planner reads from the object at `host`: the probed functions (looked up
 /// by hash, no pass over a large library's tables), the `.cold` parts of those whose returns
-/// are seen at their return instructions, and every operator function of an op library.
+/// are seen at their return instructions, every operator function of an op library, and the
+/// getter of MindSpore's pool counter (`ms_used_counter`).
 fn planner_lookup(host: &Path) -> memscope_symbols::elf::Lookup<'static> {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     let names = NAMES.get_or_init(|| {
         let mut names: Vec<&'static str> = PROBES.iter().map(|p| p.symbol).collect();
+        names.push(super::mindspore::TOTAL_USED);
         names.sort_unstable();
         names.dedup();
         names

@@ -289,13 +289,15 @@ impl Bpf {
         path: &Path,
         file_offset: u64,
         return_sites: &[u64],
-        probe: u16,
+        cookie: u64,
         scope: Scope,
     ) -> Result<()> {
         let (entry, _, site, _) = self.programs_for(path);
-        let sites: Vec<(u64, u64)> = return_sites.iter().map(|at| (*at, probe as u64)).collect();
+        // The return finds the entry's event, which carries the cookie's upper bits.
+        let probe = cookie & PROBE_ID_MASK;
+        let sites: Vec<(u64, u64)> = return_sites.iter().map(|at| (*at, probe)).collect();
         self.attach_points(site, path, &sites, scope)?;
-        self.attach_points(entry, path, &[(file_offset, probe as u64)], scope)
+        self.attach_points(entry, path, &[(file_offset, cookie)], scope)
     }
 
     /// Whether probes go through multi-uprobe links (false: one perf link per probe).

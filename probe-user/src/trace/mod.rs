@@ -1,6 +1,7 @@
 //! Stage 1, loading and attaching: which objects get which probes ([`attach`], the planner,
 //! with [`probes`] the probe table and [`aclnn`] the op-function registry), where in each
-//! function ([`placement`], [`torch_npu`] for the hidden allocator function), the BPF object
+//! function ([`placement`], [`torch_npu`] for the hidden allocator function, [`mindspore`] for
+//! the pool's used-bytes counter), the BPF object
 //! and its links ([`bpf`], [`bpf_log`], [`multi_uprobe`], [`scope`], [`tracefs`]), the
 //! target itself ([`launch`], [`target`], [`watchdog`]), and what is remembered across runs
 //! ([`disk_cache`]). The only part that needs root.
@@ -16,6 +17,7 @@ pub mod disk_cache;
 pub mod hold;
 pub mod holders;
 pub mod launch;
+pub mod mindspore;
 pub mod multi_uprobe;
 pub mod placement;
 pub mod probes;

@@ -88,6 +88,12 @@ pub enum ProbeId {
     CuMemRelease = 67,
     CuMemMap = 68,
     CuMemUnmap = 69,
+    /// MindSpore's pipeline (`runtime::AsyncRQueue::Push`): a task enqueued for a worker
+    /// thread, with the Python stack of the thread that enqueued it.
+    MsTaskPush = 70,
+    /// A MindSpore pipeline task starting (`Run()` of each task class; several functions
+    /// share this id): what its thread does next is done for the task's enqueuer.
+    MsTaskRun = 71,
 }
 
 impl ProbeId {
@@ -132,14 +138,6 @@ pub const RUNTIME_LIBRARY: &str = "libruntime.so";
 pub const ACL_IMPL_LIBRARY: &str = "libascendcl_impl.so";
 pub const ACL_RT_IMPL_LIBRARY: &str = "libacl_rt_impl.so";
 pub const ATB_LIBRARY: &str = "libatb.so";
-pub const MINDSPORE_POOL_LIBRARY: &str = "libmindspore_memory_pool.so";
-/// `void *AbstractDynamicMemPool::AllocTensorMem(size_t size, bool from_persistent_mem,
-/// bool need_recycle, uint32_t stream_id)`.
-pub const MS_ALLOC_TENSOR_MEM: &str =
-    "_ZN9mindspore6device22AbstractDynamicMemPool14AllocTensorMemEmbbj";
-/// `bool AbstractDynamicMemPool::DoFreeTensorMem(void *const &device_addr)`.
-pub const MS_FREE_TENSOR_MEM: &str =
-    "_ZN9mindspore6device22AbstractDynamicMemPool15DoFreeTensorMemERKPv";
 /// Library names searched for ahead of time so they get probes before they are mapped.
 pub const KNOWN_LIBRARIES: [&str; 7] = [
     HAL_LIBRARY,
@@ -269,9 +267,11 @@ const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDe
 
 pub mod atb;
 pub mod cuda;
+pub mod mindspore;
+pub use mindspore::*;
 
 /// Every probe: Ascend's, then CUDA's.
-pub const PROBES: [ProbeDef; 69] = concat(ASCEND, cuda::PROBES);
+pub const PROBES: [ProbeDef; 81] = concat(ASCEND, cuda::PROBES);
 
 const fn concat<const A: usize, const B: usize, const N: usize>(
     a: [ProbeDef; A],
@@ -333,7 +333,7 @@ const fn atb_probe(id: ProbeId, symbol: &'static str, spec: ProbeSpec) -> ProbeD
 }
 
 /// Ascend's probes (CANN, torch_npu, MindSpore, ATB, mstx, Python's exit).
-const ASCEND: [ProbeDef; 51] = [
+const ASCEND: [ProbeDef; 63] = [
     // drvError_t halMemAlloc(void **pp, u64 size, u64 flag): *pp is read at return.
     ProbeDef {
         id: ProbeId::HalMemAlloc,
@@ -651,14 +651,18 @@ const ASCEND: [ProbeDef; 51] = [
     },
     // MindSpore's pool (C++: NESTED, so the return is seen at the return instructions and an
     // exception may unwind through). The size is already the pool's aligned block size; the
-    // block's address is the return value. `this` names the pool. Dated at its return (a
+    // block's address is the return value. `this` names the pool; at the return of both, the
+    // pool's own used bytes are read through it (READ_CHAIN, `trace/mindspore.rs`). Dated at its return (a
     // NESTED call reads both ends' times): the driver memory it mapped on the way is then in
     // the pool's total.
     ProbeDef {
         id: ProbeId::MsAllocTensorMem,
         symbol: MS_ALLOC_TENSOR_MEM,
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
-        spec: keeping(spec(sf::WANTS_RETURN | sf::NESTED, 0, 0, 0), &[0, 1]),
+        spec: keeping(
+            spec(sf::WANTS_RETURN | sf::NESTED | sf::READ_CHAIN, 0, 0, 0),
+            &[0, 1],
+        ),
     },
     // The address is read through the reference at entry; the free counts only when the pool
     // says it freed the block (returns true).
@@ -666,7 +670,12 @@ const ASCEND: [ProbeDef; 51] = [
         id: ProbeId::MsFreeTensorMem,
         symbol: MS_FREE_TENSOR_MEM,
         home: Home::Library(MINDSPORE_POOL_LIBRARY),
-        spec: spec(sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES, 1, 8, 0),
+        spec: spec(
+            sf::WANTS_RETURN | sf::NESTED | sf::DATA_IS_BYTES | sf::READ_CHAIN,
+            1,
+            8,
+            0,
+        ),
     },
     // aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment,
     // void *expectPtr, uint64_t flags): *virPtr is read at return.
@@ -698,6 +707,25 @@ const ASCEND: [ProbeDef; 51] = [
         home: Home::Library(ACL_LIBRARY),
         spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
     },
+    // MindSpore's pipeline: the task is read through the shared_ptr reference at entry, with
+    // the enqueuing thread's Python stack (no C stack: only the Python line is carried).
+    ProbeDef {
+        id: ProbeId::MsTaskPush,
+        symbol: MS_TASK_PUSH,
+        home: Home::Library(MINDSPORE_PIPELINE_LIBRARY),
+        spec: spec(sf::DATA_IS_BYTES | sf::PYTHON_STACK_ONLY, 1, 8, 0),
+    },
+    ms_task_run(0),
+    ms_task_run(1),
+    ms_task_run(2),
+    ms_task_run(3),
+    ms_task_run(4),
+    ms_task_run(5),
+    ms_task_run(6),
+    ms_task_run(7),
+    ms_task_run(8),
+    ms_task_run(9),
+    ms_task_run(10),
 ];
 
 /// What an ATB probe captures.

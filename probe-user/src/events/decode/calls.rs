@@ -203,6 +203,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 pool: raw.args[0],
                 size: raw.args[1],
                 addr: if has_ret { raw.ret } else { 0 },
+                pool_used: ms_pool_used(raw, has_ret),
             },
             raw.ret_ts_ns,
         ),
@@ -216,6 +217,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                     addr: u64_at(raw.data(), 0)?,
                     // A C++ bool: only the low byte of the return register is set.
                     freed: has_ret && raw.ret & 0xff != 0,
+                    pool_used: ms_pool_used(raw, has_ret),
                 },
                 raw.ts_ns,
             )
@@ -262,6 +264,18 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
             Call::C10Usage(crate::events::cuda::C10Report::from_args(&raw.args)),
             raw.ts_ns,
         ),
+        ProbeId::MsTaskPush => {
+            if raw.flags & event_flags::DATA_FAULT != 0 {
+                return None;
+            }
+            (
+                Call::MsTaskPush {
+                    task: u64_at(raw.data(), 0)?,
+                },
+                raw.ts_ns,
+            )
+        }
+        ProbeId::MsTaskRun => (Call::MsTaskRun { task: raw.args[0] }, raw.ts_ns),
         ProbeId::LibcExit | ProbeId::PyFinalize | ProbeId::PyExit => (
             Call::Exiting {
                 stopped: raw.flags & event_flags::STOPPED != 0,
@@ -363,4 +377,10 @@ pub(super) fn id_wants_return(id: ProbeId) -> bool {
         .iter()
         .find(|p| p.id == id)
         .is_some_and(|p| p.wants_return())
+}
+
+/// The used bytes a MindSpore pool probe read from the pool at its return (`READ_CHAIN`: the
+/// cookie's upper bits, in `cpu`, say where; 0 when the tracer did not find the counter).
+fn ms_pool_used(raw: &RawEvent, has_ret: bool) -> Option<u64> {
+    (has_ret && raw.cpu != 0 && raw.flags & event_flags::DEREF_FAULT == 0).then_some(raw.deref)
 }

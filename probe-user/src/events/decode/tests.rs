@@ -144,12 +144,12 @@ fn batch_calls_unpack_every_layout() {
 #[test]
 fn batched_calls_keep_every_argument_decode_reads() {
     use crate::trace::probes::PROBES;
-    let mut narrowed = 0;
+    let mut narrowed = std::collections::BTreeSet::new();
     for def in PROBES
         .iter()
         .filter(|d| d.spec.kept_args != probe_common::ALL_ARGS)
     {
-        narrowed += 1;
+        narrowed.insert(def.id);
         let mut full = call_raw(def.id);
         full.args = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66];
         full.ret = 5;
@@ -168,9 +168,42 @@ fn batched_calls_keep_every_argument_decode_reads() {
         );
     }
     // halMemAlloc, halMemFree, halMemRelease, aclInit, aclFinalize, aclrtSetDevice,
-    // MindSpore's AllocTensorMem and the four VMM calls; the CUDA runtime's eight memory calls,
-    // cudaSetDevice, c10's report and the driver's six virtual memory calls.
-    assert_eq!(narrowed, 27);
+    // MindSpore's AllocTensorMem, the four VMM calls and MindSpore's task starts; the CUDA
+    // runtime's eight memory calls, cudaSetDevice, c10's report and the driver's six virtual
+    // memory calls.
+    assert_eq!(narrowed.len(), 28);
+}
+
+#[test]
+fn mindspore_pipeline_tasks() {
+    // Push: the task is read through the shared_ptr reference.
+    let mut p = call_raw(ProbeId::MsTaskPush);
+    p.args = [0x5555_1000, 0x7ffc_0010, 0, 0, 0, 0];
+    p.data_len = 8;
+    p.data[..8].copy_from_slice(&0x7fff_b800_1ca0u64.to_ne_bytes());
+    let Some(Decoded::Call(c)) = decode(&p) else {
+        panic!("Push does not decode")
+    };
+    assert_eq!(
+        c.call,
+        Call::MsTaskPush {
+            task: 0x7fff_b800_1ca0
+        }
+    );
+    // A reference that could not be read names no task.
+    p.flags |= event_flags::DATA_FAULT;
+    assert_eq!(decode(&p), None);
+    let mut r = call_raw(ProbeId::MsTaskRun);
+    r.args = [0x7fff_b800_1ca0, 0, 0, 0, 0, 0];
+    let Some(Decoded::Call(c)) = decode(&r) else {
+        panic!("Run does not decode")
+    };
+    assert_eq!(
+        c.call,
+        Call::MsTaskRun {
+            task: 0x7fff_b800_1ca0
+        }
+    );
 }
 
 #[test]
@@ -188,9 +221,24 @@ fn mindspore_pool_calls() {
         Call::MsPoolAlloc {
             pool: 0x5555_0000,
             size: 1_049_088,
-            addr: 0x6000_0000_0200
+            addr: 0x6000_0000_0200,
+            pool_used: None,
         }
     );
+    // With the pool's counter found (the cookie's upper bits), its value read at the return;
+    // none when the read faulted.
+    r.cpu = 0xd8 << 16;
+    r.deref = 5 << 20;
+    let used = |r: &RawEvent| match decode(r) {
+        Some(Decoded::Call(CallEvent {
+            call: Call::MsPoolAlloc { pool_used, .. },
+            ..
+        })) => pool_used,
+        _ => panic!("AllocTensorMem does not decode"),
+    };
+    assert_eq!(used(&r), Some(5 << 20));
+    r.flags |= event_flags::DEREF_FAULT;
+    assert_eq!(used(&r), None);
     let mut f = call_raw(ProbeId::MsFreeTensorMem);
     f.args = [0x5555_0000, 0x7ffc_0000, 0, 0, 0, 0];
     f.data_len = 8;
@@ -206,7 +254,8 @@ fn mindspore_pool_calls() {
             Call::MsPoolFree {
                 pool: 0x5555_0000,
                 addr: 0x6000_0000_0200,
-                freed
+                freed,
+                pool_used: None,
             }
         );
     }

@@ -6,9 +6,21 @@ fn ids_are_unique_and_round_trip() {
         assert_eq!(ProbeId::from_raw(p.id as u16), Some(p.id));
         assert!((p.id as u32) < probe_common::MAX_PROBES);
     }
+    // One id per probe, but for the task classes' `Run()`: one id, one spec.
     let mut ids: Vec<_> = PROBES.iter().map(|p| p.id).collect();
     ids.dedup();
-    assert_eq!(ids.len(), PROBES.len());
+    assert_eq!(ids.len(), PROBES.len() - (MS_TASK_RUNS.len() - 1));
+    for p in PROBES.iter().filter(|p| p.id == ProbeId::MsTaskRun) {
+        assert_eq!(p.spec, ms_task_run(0).spec);
+    }
+    let mut sorted: Vec<_> = PROBES.iter().map(|p| p.id).collect();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        ids.len(),
+        "a shared id is one run of neighbours"
+    );
     assert_eq!(ProbeId::from_raw(0), None);
 }
 
