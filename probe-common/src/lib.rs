@@ -406,6 +406,10 @@ pub mod spec_flags {
     /// Calls without data: the one timestamp is taken at return (`ts_ns` repeats it), for
     /// calls dated at return (an allocation exists once it returned).
     pub const TIME_AT_RETURN: u32 = 1 << 10;
+    /// With `DATA_IS_BYTES`, at entry: a call whose copied byte `data[skip_off]` is
+    /// `skip_value` is dropped in BPF (no event, no stack), for a probed function that is also
+    /// called for something no row needs (torch_npu's report of a BLOCK_FREE).
+    pub const SKIP_BYTE: u32 = 1 << 11;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).
@@ -437,6 +441,9 @@ pub struct ProbeSpec {
     /// Bit i set: argument i is kept in a batched call (see [`packed`]); the others reach
     /// user space as 0. [`ALL_ARGS`] for probes that keep them all.
     pub kept_args: u32,
+    /// `SKIP_BYTE`: the offset in the copied data of the byte that drops a call, and its value.
+    pub skip_off: u32,
+    pub skip_value: u32,
 }
 
 /// `ProbeSpec::kept_args` keeping every argument.

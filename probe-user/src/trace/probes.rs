@@ -192,6 +192,8 @@ const NONE: ProbeSpec = ProbeSpec {
     elem2_size: 0,
     array2_base: 0,
     kept_args: ALL_ARGS,
+    skip_off: 0,
+    skip_value: 0,
 };
 
 const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> ProbeSpec {
@@ -229,6 +231,20 @@ pub const REGIONS_PER_CHUNK: u32 = 7;
 pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
+
+/// torch_npu's report function, whose `MemoryUsage` has its `data_type` at `data_type_at`.
+const fn pta_usage(data_type_at: u32) -> ProbeSpec {
+    ProbeSpec {
+        skip_off: data_type_at,
+        skip_value: crate::trace::torch_npu::BLOCK_FREE as u32,
+        ..spec(
+            sf::DATA_IS_BYTES | sf::SKIP_BYTE,
+            0,
+            crate::trace::torch_npu::USAGE_SIZE,
+            0,
+        )
+    }
+}
 
 /// `rt*` launches are entry probes. The `aclrt*` ones are traced to their return too: the
 /// runtime launches they make on the way are not counted again (spec §1.4).
@@ -588,18 +604,20 @@ pub const PROBES: [ProbeDef; 51] = [
         tensor_walk(1, 48, atb::PARAM_OUT, false),
     ),
     // void reportMemoryDataToNpuProfiler(const MemoryUsage &usage): the struct is copied at
-    // entry; it describes a block event that has already happened.
+    // entry; it describes a block event that has already happened. Its BLOCK_FREE reports
+    // (one per freed block, just before the block's FREE) make no row: BPF drops them by
+    // `data_type` (+2 or +3), before any stack is read for them.
     ProbeDef {
         id: ProbeId::PtaUsageOriginal,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
+        spec: pta_usage(2),
     },
     ProbeDef {
         id: ProbeId::PtaUsageWithComponent,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
+        spec: pta_usage(3),
     },
     // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
     // aclrtStream stream): entry and return date the operator. The executor's first word is

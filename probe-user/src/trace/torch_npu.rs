@@ -304,6 +304,9 @@ pub enum DataType {
     BlockFree,
 }
 
+/// `data_type` of a BLOCK_FREE report (BPF drops those calls: `probes::pta_usage`).
+pub const BLOCK_FREE: u8 = 2;
+
 /// Blocks of both allocators lie on device memory aligned at least this much.
 const BLOCK_ALIGN: u64 = 32;
 
@@ -345,7 +348,7 @@ impl MemoryUsage {
         let data_type = match data_type {
             0 => DataType::Malloc,
             1 => DataType::Free,
-            2 => DataType::BlockFree,
+            BLOCK_FREE => DataType::BlockFree,
             other => return Err(format!("data type {other}")),
         };
         let (ptr, size) = (word(8) as u64, word(16));
