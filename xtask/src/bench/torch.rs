@@ -152,6 +152,9 @@ impl Bench {
         }
         md.push('\n');
         self.md.push_str(&md);
+        let path = self.repo.join("docs/benchmarks-torch.md");
+        let doc = fs::read_to_string(&path).unwrap_or_default() + &md;
+        fs::write(path, doc)?;
         Ok(())
     }
 
@@ -356,7 +359,46 @@ impl Bench {
             )?;
         }
         writeln!(md)?;
+        // Where the traced thread's microseconds go, from this run's medians: the traps
+        // (the floor: the same probes with empty programs), the programs' own work without
+        // stacks, and what each stack mode adds on top.
+        let cpu = |k: &str| med(self, k, "cpu_us");
+        let (floor, none) = (cpu("floor"), cpu("none"));
+        writeln!(
+            md,
+            "Where the traced thread's CPU goes per iteration (medians of this run): untraced \
+             {base:.2} µs; the traps of the probes with empty programs (floor) +{:.2}; the \
+             programs' work without stacks +{:.2} (in BPF, counting round: {:.2}); the defaults' \
+             Python line +{:.2} over no stacks; `--call-stack=python` +{:.2}, `mixed` +{:.2}, \
+             `c` +{:.2} over no stacks.\n",
+            floor - base,
+            none - floor,
+            med(self, "none", "bpf_us"),
+            cpu("defaults") - none,
+            cpu("python") - none,
+            cpu("mixed") - none,
+            cpu("c") - none,
+        )?;
         self.md.push_str(&md);
+        let mut doc = String::from(
+            "# Benchmarks: the cost per PyTorch operation\n\nWritten by `cargo xtask bench \
+             --only torch`",
+        );
+        if self.opts.quick {
+            doc.push_str(" --quick");
+        }
+        let date = Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        writeln!(
+            doc,
+            " on {date}. Times are for this machine only; compare configurations within one \
+             run. What the figures mean: [benchmarks.md](benchmarks.md#the-cost-per-pytorch-operation).\n"
+        )?;
+        doc.push_str(&md);
+        fs::write(self.repo.join("docs/benchmarks-torch.md"), doc)?;
         Ok(())
     }
 }
