@@ -100,6 +100,15 @@ impl Bench {
                 mode: Mode::Floor,
             });
         }
+        // `MEMSCOPE_BENCH_TORCH=untraced,defaults,none`: only these configurations (each
+        // build's), for a quick look on a busy machine (a run of all of them takes ~45 loops).
+        if let Some(keep) = std::env::var("MEMSCOPE_BENCH_TORCH")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            let keep: Vec<&str> = keep.split(',').collect();
+            runs.retain(|r| keep.contains(&r.key.trim_end_matches(" [base]")));
+        }
         println!(
             "{TAG} torch: {} configurations, {} rounds of {iters} iterations",
             runs.len(),
@@ -108,9 +117,10 @@ impl Bench {
         let load = || fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let load_before = load();
         let mut by_program = Vec::new();
-        // The timed rounds, interleaved, then one round counting probe hits.
+        // One round counting probe hits first (what it finds holds before any timing is
+        // read), then the timed rounds, interleaved.
         for round in 0..=self.opts.rounds {
-            let count = round == self.opts.rounds;
+            let count = round == 0;
             for r in &runs {
                 if count && r.mode == Mode::Untraced {
                     continue;
@@ -119,17 +129,20 @@ impl Bench {
                     .torch_round(&python, r, iters, count)
                     .with_context(|| format!("torch loop under {}", r.desc))?;
                 println!(
-                    "{TAG}   {} {:28} cpu {:7.2} µs/it, wall {:7.2}, tracer cpu {:7.2}, hits {:.2}",
+                    "{TAG}   {} {:28} cpu {:7.2} µs/it, wall {:7.2}, tracer cpu {:7.2}, hits {:.2}, \
+                     in BPF {:.2} µs/it, by program: {}",
                     if count {
                         "hits".to_string()
                     } else {
-                        format!("round {round}")
+                        format!("round {}", round - 1)
                     },
                     r.key,
                     f.cpu_us,
                     f.wall_us,
                     f.tracer_cpu_us,
-                    f.hits
+                    f.hits,
+                    f.bpf_us,
+                    f.by_program
                 );
                 let w = "torch-2.8.0";
                 if count {
@@ -364,21 +377,24 @@ impl Bench {
         // stacks, and what each stack mode adds on top.
         let cpu = |k: &str| med(self, k, "cpu_us");
         let (floor, none) = (cpu("floor"), cpu("none"));
-        writeln!(
-            md,
-            "Where the traced thread's CPU goes per iteration (medians of this run): untraced \
-             {base:.2} µs; the traps of the probes with empty programs (floor) +{:.2}; the \
-             programs' work without stacks +{:.2} (in BPF, counting round: {:.2}); the defaults' \
-             Python line +{:.2} over no stacks; `--call-stack=python` +{:.2}, `mixed` +{:.2}, \
-             `c` +{:.2} over no stacks.\n",
-            floor - base,
-            none - floor,
-            med(self, "none", "bpf_us"),
-            cpu("defaults") - none,
-            cpu("python") - none,
-            cpu("mixed") - none,
-            cpu("c") - none,
-        )?;
+        let all = ["floor", "none", "defaults", "python", "mixed", "c"];
+        if all.iter().all(|k| !cpu(k).is_nan()) {
+            writeln!(
+                md,
+                "Where the traced thread's CPU goes per iteration (medians of this run): \
+                 untraced {base:.2} µs; the traps of the probes with empty programs (floor) \
+                 +{:.2}; the programs' work without stacks +{:.2} (in BPF, counting round: \
+                 {:.2}); the defaults' Python line +{:.2} over no stacks; \
+                 `--call-stack=python` +{:.2}, `mixed` +{:.2}, `c` +{:.2} over no stacks.\n",
+                floor - base,
+                none - floor,
+                med(self, "none", "bpf_us"),
+                cpu("defaults") - none,
+                cpu("python") - none,
+                cpu("mixed") - none,
+                cpu("c") - none,
+            )?;
+        }
         self.md.push_str(&md);
         let mut doc = String::from(
             "# Benchmarks: the cost per PyTorch operation\n\nWritten by `cargo xtask bench \
