@@ -177,7 +177,7 @@ pub fn launch_args(id: ProbeId) -> Option<LaunchArgs> {
     })
 }
 
-const NONE: ProbeSpec = ProbeSpec {
+pub(crate) const NONE: ProbeSpec = ProbeSpec {
     flags: 0,
     data_arg: 0,
     data_len: 0,
@@ -231,20 +231,6 @@ pub const REGIONS_PER_CHUNK: u32 = 7;
 pub const REGION_HANDLES_BASE: u32 = 192;
 /// References per CHUNK event of `mstxMemRegionsUnregister`.
 pub const REFS_PER_CHUNK: u32 = 15;
-
-/// torch_npu's report function, whose `MemoryUsage` has its `data_type` at `data_type_at`.
-const fn pta_usage(data_type_at: u32) -> ProbeSpec {
-    ProbeSpec {
-        skip_off: data_type_at,
-        skip_value: crate::trace::torch_npu::BLOCK_FREE as u32,
-        ..spec(
-            sf::DATA_IS_BYTES | sf::SKIP_BYTE,
-            0,
-            crate::trace::torch_npu::USAGE_SIZE,
-            0,
-        )
-    }
-}
 
 /// `rt*` launches are entry probes. The `aclrt*` ones are traced to their return too: the
 /// runtime launches they make on the way are not counted again (spec §1.4).
@@ -604,20 +590,19 @@ pub const PROBES: [ProbeDef; 51] = [
         tensor_walk(1, 48, atb::PARAM_OUT, false),
     ),
     // void reportMemoryDataToNpuProfiler(const MemoryUsage &usage): the struct is copied at
-    // entry; it describes a block event that has already happened. Its BLOCK_FREE reports
-    // (one per freed block, just before the block's FREE) make no row: BPF drops them by
-    // `data_type` (+2 or +3), before any stack is read for them.
+    // entry; it describes a block event that has already happened. BPF drops its BLOCK_FREE
+    // reports (no row needs them) by `data_type`, at +2 or +3 by layout.
     ProbeDef {
         id: ProbeId::PtaUsageOriginal,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: pta_usage(2),
+        spec: crate::trace::torch_npu::probe_spec(2),
     },
     ProbeDef {
         id: ProbeId::PtaUsageWithComponent,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: pta_usage(3),
+        spec: crate::trace::torch_npu::probe_spec(3),
     },
     // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
     // aclrtStream stream): entry and return date the operator. The executor's first word is
