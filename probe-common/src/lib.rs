@@ -429,6 +429,10 @@ pub mod spec_flags {
     /// nothing read). A MindSpore pool's own `used` bytes, read by the thread that just
     /// changed them.
     pub const READ_CHAIN: u32 = 1 << 13;
+    /// With `DATA_IS_BYTES`, at entry: a call whose copied byte `data[skip_off]` is
+    /// `skip_value` is dropped in BPF (no event, no stack), for a probed function that is also
+    /// called for something no row needs (torch_npu's report of a BLOCK_FREE).
+    pub const SKIP_BYTE: u32 = 1 << 14;
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).
@@ -460,6 +464,9 @@ pub struct ProbeSpec {
     /// Bit i set: argument i is kept in a batched call (see [`packed`]); the others reach
     /// user space as 0. [`ALL_ARGS`] for probes that keep them all.
     pub kept_args: u32,
+    /// `SKIP_BYTE`: the offset in the copied data of the byte that drops a call, and its value.
+    pub skip_off: u32,
+    pub skip_value: u32,
 }
 
 /// `ProbeSpec::kept_args` keeping every argument.

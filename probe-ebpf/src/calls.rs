@@ -150,6 +150,13 @@ fn try_call_entry(ctx: &ProbeContext) -> Option<()> {
             if spec.flags & spec_flags::INDIRECT != 0 {
                 copy_indirect(ev, &spec);
             }
+            // A call no row needs: dropped before its stack is read or its event sent.
+            if spec.flags & spec_flags::SKIP_BYTE != 0
+                && ev.data[spec.skip_off as usize & (probe_common::DATA_LEN - 1)] as u32
+                    == spec.skip_value
+            {
+                return None;
+            }
         }
     }
 

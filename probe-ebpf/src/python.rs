@@ -434,8 +434,14 @@ fn field_u8(buf: &FrameBuf, off: u32) -> u64 {
 }
 
 /// One frame of the walk: records it and moves to `previous`. Returns 1 to stop.
+///
+/// Frame `index` goes to slot `index` (each step records one frame or stops). The slot and
+/// the depth cut use the loop's index, never a count kept in `FrameWalk`: a count is a known
+/// constant in each step the verifier checks, so no two steps look alike and it walked all
+/// of them, each with every path through `send_code` (9-17 s to load the programs with
+/// Python stacks on, under load). The index is an unknown number to it: one step is enough.
 #[inline(never)]
-extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
+extern "C" fn frame_step(index: u32, ctx: *mut c_void) -> i64 {
     let w = unsafe { &mut *(ctx as *mut FrameWalk) };
     if w.frame == 0 {
         return 1;
@@ -447,7 +453,7 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
     // `python_stacks` is the depth asked for: frames past it are not read at all (the
     // default, the program's own line, needs the innermost few).
     let max = offsets().python_stacks as usize;
-    if w.n as usize >= PY_MAX_FRAMES || w.n as usize >= max {
+    if index as usize >= PY_MAX_FRAMES || index as usize >= max {
         ev.flags |= py_flags::TRUNCATED;
         return 1;
     }
@@ -492,11 +498,11 @@ extern "C" fn frame_step(_index: u32, ctx: *mut c_void) -> i64 {
             }
         }
     }
-    let slot = &mut ev.frames[w.n as usize & (PY_MAX_FRAMES - 1)];
+    let slot = &mut ev.frames[index as usize & (PY_MAX_FRAMES - 1)];
     slot.code = code;
     slot.instr = field_u64(buf, w.p.frame_instr);
     slot.meta = meta;
-    w.n += 1;
+    w.n = index + 1;
     // Frames live on the thread's data stack (callers below callees) or in generator objects;
     // a frame that is its own caller would loop.
     if previous == w.frame {

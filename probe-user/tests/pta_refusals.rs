@@ -7,7 +7,8 @@
 //! * when the code names two report functions, the search says so once and the run has HAL
 //!   rows and no PTA row;
 //! * when the found function's first report is not a `MemoryUsage` (an odd block pointer), one
-//!   warning says so and no PTA row is written, not even for the later, plausible reports.
+//!   warning says so and no PTA row is written, not even for the later, plausible reports;
+//! * each freed block's BLOCK_FREE report (no row needs it) never leaves BPF.
 //!
 //! Ground truth is what the workload printed (its segment and blocks).
 
@@ -21,6 +22,8 @@ struct Run {
     hal: Vec<u64>,
     blocks: Vec<u64>,
     rows: Vec<DumpRow>,
+    /// Records the tracer received (its closing `N events, none lost`).
+    events: u64,
 }
 
 fn run(test: &str, variant: &str, extra: &[&str]) -> Option<Run> {
@@ -63,7 +66,17 @@ fn run(test: &str, variant: &str, extra: &[&str]) -> Option<Run> {
         .expect("the workload's pid")
         .parse()
         .unwrap();
+    let events = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim_start_matches("[memscope-bpf] ")
+                .strip_suffix(" events, none lost")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
     Some(Run {
+        events,
         hal: field("HAL "),
         blocks: field("BLOCK "),
         rows: rows_of(&out_dir, pid),
@@ -110,6 +123,33 @@ fn a_recognised_fake_torch_npu_gives_a_pta_row_per_block() {
     );
     assert_eq!(addrs(&run.rows, "HAL", "MALLOC"), run.hal);
     assert_eq!(torch_npu_warnings(&run.stderr), Vec::<&str>::new());
+}
+
+/// torch_npu reports every freed block twice, BLOCK_FREE then FREE; only the FREE makes a
+/// row, so BPF drops the BLOCK_FREE at the probe (no record, no stack read for it). Two runs
+/// that differ only in the number of blocks the workload carves: each further block costs
+/// exactly its MALLOC and FREE records (3 with the BLOCK_FREE sent).
+#[test]
+fn a_block_free_report_sends_nothing_to_user_space() {
+    const TEST: &str = "a_block_free_report_sends_nothing_to_user_space";
+    let Some(few) = run(TEST, "one", &["--blocks", "4"]) else {
+        return;
+    };
+    let many = run(TEST, "one", &["--blocks", "12"]).expect("root");
+    let extra = (many.blocks.len() - few.blocks.len()) as u64;
+    assert_eq!(extra, 8, "the workload's own block lines");
+    // Every block is still a MALLOC and a FREE row.
+    for r in [&few, &many] {
+        assert_eq!(addrs(&r.rows, "PTA", "MALLOC"), r.blocks, "{}", r.stderr);
+        assert_eq!(addrs(&r.rows, "PTA", "FREE"), r.blocks, "{}", r.stderr);
+    }
+    assert!(few.events > 0, "no event total:\n{}", few.stderr);
+    assert_eq!(
+        many.events - few.events,
+        2 * extra,
+        "records for {extra} more blocks:\n{}",
+        many.stderr
+    );
 }
 
 #[test]

@@ -18,6 +18,10 @@
 //! * `stacks`: cost per traced call of stack capture in BPF (`--call-stack=c:50`): none, the
 //!   kernel's frame-pointer walk only (`MEMSCOPE_BPF_STACK_MODE=fp`), and the default (walk +
 //!   8 KiB stack copy for CFI unwinding), on the tight loop; with the events lost.
+//! * `torch`: the cost per PyTorch operation on the released torch + torch_npu wheels: a
+//!   dispatch-bound loop untraced and under each configuration (defaults, each
+//!   `--call-stack`, the agent, the empty-program floor), per iteration the traced thread's
+//!   CPU, wall time, the tracer's CPU and the probe hits (`bench/torch.rs`).
 //! * `symbols`: `symbols/examples/symbolize_bench.rs`: warm symbolization rate (addresses/s),
 //!   unwinding rate (stacks/s), and the cold start on the largest shared object on the machine.
 //! * `agent`: the node agent's overhead on the HAL loop and its CPU use at a given event rate
@@ -63,14 +67,16 @@ mod results;
 mod soak;
 mod stacks;
 mod symbols;
+mod torch;
 
 const TAG: &str = "[bench]";
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "harm",
     "insn",
     "overhead",
     "stacks",
+    "torch",
     "placement",
     "loss",
     "symbols",
@@ -241,6 +247,7 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
         want("loss"),
         want("replay"),
     );
+    let w_torch = want("torch");
     let (w_stacks, w_syms, w_report, w_harm, w_agent, w_soak) = (
         want("stacks"),
         want("symbols"),
@@ -257,6 +264,9 @@ pub fn run(repo: &Path, opts: Options) -> Result<u8> {
     }
     if w_stacks {
         b.stacks()?;
+    }
+    if w_torch {
+        b.torch()?;
     }
     if w_place {
         b.placement()?;

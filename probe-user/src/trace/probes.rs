@@ -194,7 +194,7 @@ pub fn launch_args(id: ProbeId) -> Option<LaunchArgs> {
     })
 }
 
-const NONE: ProbeSpec = ProbeSpec {
+pub(crate) const NONE: ProbeSpec = ProbeSpec {
     flags: 0,
     data_arg: 0,
     data_len: 0,
@@ -209,6 +209,8 @@ const NONE: ProbeSpec = ProbeSpec {
     elem2_size: 0,
     array2_base: 0,
     kept_args: ALL_ARGS,
+    skip_off: 0,
+    skip_value: 0,
 };
 
 const fn spec(flags: u32, data_arg: u32, data_len: u32, deref_arg: u32) -> ProbeSpec {
@@ -626,18 +628,19 @@ const ASCEND: [ProbeDef; 63] = [
         tensor_walk(1, 48, atb::PARAM_OUT, false),
     ),
     // void reportMemoryDataToNpuProfiler(const MemoryUsage &usage): the struct is copied at
-    // entry; it describes a block event that has already happened.
+    // entry; it describes a block event that has already happened. BPF drops its BLOCK_FREE
+    // reports (no row needs them) by `data_type`, at +2 or +3 by layout.
     ProbeDef {
         id: ProbeId::PtaUsageOriginal,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
+        spec: crate::trace::torch_npu::probe_spec(2),
     },
     ProbeDef {
         id: ProbeId::PtaUsageWithComponent,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: spec(sf::DATA_IS_BYTES, 0, crate::trace::torch_npu::USAGE_SIZE, 0),
+        spec: crate::trace::torch_npu::probe_spec(3),
     },
     // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
     // aclrtStream stream): entry and return date the operator. The executor's first word is

@@ -304,6 +304,24 @@ pub enum DataType {
     BlockFree,
 }
 
+/// `data_type` of a BLOCK_FREE report (BPF drops those calls: [`probe_spec`]).
+pub const BLOCK_FREE: u8 = 2;
+
+/// The report function's probe for a `MemoryUsage` with its `data_type` at `data_type_at`:
+/// the struct is copied at entry, and a BLOCK_FREE report (one per freed block, just before
+/// the block's FREE, which carries the totals after the whole free) is dropped in BPF before
+/// any stack is read for it, since no row needs it.
+pub const fn probe_spec(data_type_at: u32) -> probe_common::ProbeSpec {
+    use probe_common::spec_flags as sf;
+    probe_common::ProbeSpec {
+        flags: sf::DATA_IS_BYTES | sf::SKIP_BYTE,
+        data_len: USAGE_SIZE,
+        skip_off: data_type_at,
+        skip_value: BLOCK_FREE as u32,
+        ..crate::trace::probes::NONE
+    }
+}
+
 /// Blocks of both allocators lie on device memory aligned at least this much.
 const BLOCK_ALIGN: u64 = 32;
 
@@ -345,7 +363,7 @@ impl MemoryUsage {
         let data_type = match data_type {
             0 => DataType::Malloc,
             1 => DataType::Free,
-            2 => DataType::BlockFree,
+            BLOCK_FREE => DataType::BlockFree,
             other => return Err(format!("data type {other}")),
         };
         let (ptr, size) = (word(8) as u64, word(16));

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{Bench, Config, TAG, median, result_field, spread};
 
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+pub(super) fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
