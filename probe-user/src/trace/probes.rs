@@ -268,6 +268,7 @@ const fn launch(id: ProbeId, symbol: &'static str, lib: &'static str) -> ProbeDe
 }
 
 pub mod atb;
+pub use atb::{AtbPart, atb_part};
 pub mod cuda;
 pub mod mindspore;
 pub use mindspore::*;
@@ -730,48 +731,6 @@ const ASCEND: [ProbeDef; 63] = [
     ms_task_run(9),
     ms_task_run(10),
 ];
-
-/// What an ATB probe captures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtbPart {
-    Name,
-    Dir,
-    Pack,
-    End,
-    Tensors { output: bool, after: bool },
-    KernelDir,
-    KernelTensors { output: bool },
-}
-
-pub fn atb_part(id: ProbeId) -> Option<AtbPart> {
-    use AtbPart::*;
-    Some(match id {
-        ProbeId::AtbRunnerName => Name,
-        ProbeId::AtbRunnerDir => Dir,
-        ProbeId::AtbRunnerPack => Pack,
-        ProbeId::AtbRunnerEnd => End,
-        ProbeId::AtbInBefore => Tensors {
-            output: false,
-            after: false,
-        },
-        ProbeId::AtbOutBefore => Tensors {
-            output: true,
-            after: false,
-        },
-        ProbeId::AtbInAfter => Tensors {
-            output: false,
-            after: true,
-        },
-        ProbeId::AtbOutAfter => Tensors {
-            output: true,
-            after: true,
-        },
-        ProbeId::AtbKernelDir | ProbeId::AtbKernelDirAbi0 => KernelDir,
-        ProbeId::AtbKernelIn | ProbeId::AtbKernelInAbi0 => KernelTensors { output: false },
-        ProbeId::AtbKernelOut | ProbeId::AtbKernelOutAbi0 => KernelTensors { output: true },
-        _ => return None,
-    })
-}
 
 /// The probes expected in a library of this file name (for "missing symbol" warnings).
 pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {

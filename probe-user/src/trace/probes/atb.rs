@@ -34,3 +34,47 @@ pub const EXECUTE: &str = "_ZN3atb6Runner7ExecuteERNS_17RunnerVariantPackE";
 pub const SAVE_LAUNCH_PARAM_ABI1: &str = "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE";
 pub const SAVE_LAUNCH_PARAM_ABI0: &str =
     "_ZN3atb9StoreUtil15SaveLaunchParamEPvRKN3Mki11LaunchParamERKSs";
+
+use super::ProbeId;
+
+/// What an ATB probe captures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtbPart {
+    Name,
+    Dir,
+    Pack,
+    End,
+    Tensors { output: bool, after: bool },
+    KernelDir,
+    KernelTensors { output: bool },
+}
+
+pub fn atb_part(id: ProbeId) -> Option<AtbPart> {
+    use AtbPart::*;
+    Some(match id {
+        ProbeId::AtbRunnerName => Name,
+        ProbeId::AtbRunnerDir => Dir,
+        ProbeId::AtbRunnerPack => Pack,
+        ProbeId::AtbRunnerEnd => End,
+        ProbeId::AtbInBefore => Tensors {
+            output: false,
+            after: false,
+        },
+        ProbeId::AtbOutBefore => Tensors {
+            output: true,
+            after: false,
+        },
+        ProbeId::AtbInAfter => Tensors {
+            output: false,
+            after: true,
+        },
+        ProbeId::AtbOutAfter => Tensors {
+            output: true,
+            after: true,
+        },
+        ProbeId::AtbKernelDir | ProbeId::AtbKernelDirAbi0 => KernelDir,
+        ProbeId::AtbKernelIn | ProbeId::AtbKernelInAbi0 => KernelTensors { output: false },
+        ProbeId::AtbKernelOut | ProbeId::AtbKernelOutAbi0 => KernelTensors { output: true },
+        _ => return None,
+    })
+}
