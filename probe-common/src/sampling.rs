@@ -16,7 +16,8 @@
 pub const SIZE_NONE: u32 = 0;
 /// Every call of the probe gets its stack (an allocation whose size BPF cannot see).
 pub const SIZE_ALWAYS: u32 = 1;
-/// The size is argument `n` (`SIZE_ARG | n`).
+/// The size is argument `n` (`SIZE_ARG | n`), read as signed: zero or negative (a free
+/// reported by the same function) is not an allocation.
 pub const SIZE_ARG: u32 = 0x2000;
 /// The size is the signed 64-bit word at byte `off` of the copied data (`SIZE_DATA_I64 | off`);
 /// zero or negative (a free reported by the same function) is not an allocation.

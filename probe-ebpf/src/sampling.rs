@@ -59,9 +59,10 @@ pub fn wants_stack(probe: u32, args: &[u64; MAX_ARGS], data: Option<&[u8; DATA_L
         }
         signed as u64
     } else if source & SIZE_ARG != 0 {
+        // Signed: c10's report passes a free as a negative size in the same argument.
         match args.get((source & SIZE_WHERE_MASK) as usize) {
-            Some(a) => *a,
-            None => return false,
+            Some(a) if (*a as i64) > 0 => *a,
+            _ => return false,
         }
     } else {
         return false;

@@ -1106,6 +1106,24 @@ fn agent_reports_a_cuda_torch_job_by_owner() {
         "(device, owner) live bytes of pid {pid} vs the script's memory_allocated()/\
          memory_reserved()\n{text}"
     );
+    // The heap profile: with --sample-bytes 0 every CUDA allocation carries its stack, so no
+    // in-use byte sits on the process's root frame alone.
+    let (status, body) =
+        get(&agent.addr, &format!("/debug/pprof/heap?pid={pid}")).expect("GET heap");
+    assert_eq!(status, 200);
+    let profile = dir.join("cuda.pb.gz");
+    std::fs::write(&profile, &body).unwrap();
+    let top = pprof_top(&profile, &["-cum", "-sample_index=inuse_space"]);
+    let root = top
+        .iter()
+        .find(|(_, _, name)| name.ends_with(&format!("(pid {pid})")))
+        .unwrap_or_else(|| panic!("no root frame for pid {pid} in pprof -top:\n{top:?}"));
+    assert_eq!(
+        root.1,
+        allocated + reserved,
+        "in-use bytes of the process\n{top:?}"
+    );
+    assert_eq!(root.0, 0, "in-use bytes without a stack\n{top:?}");
 }
 
 /// The released mindspore wheel with virtual memory management on (its default), picked up by

@@ -21,11 +21,23 @@ use probe_common::sampling::{
 use crate::trace::{bpf::Bpf, probes::ProbeId};
 
 /// Where each allocating probe's size is, for the BPF side. Every other probe gets no stack.
-fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 5] {
+fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 13] {
     [
         // halMemAlloc(void **pp, u64 size, u64 flag), halMemCreate(handle **h, size_t size, ...)
         (ProbeId::HalMemAlloc, SIZE_ARG | 1),
         (ProbeId::HalMemCreate, SIZE_ARG | 1),
+        // CUDA: cudaMalloc*(void **p, size_t size, ...), cudaHostAlloc(void **p, size_t, flags),
+        // cuMemCreate(handle *h, size_t size, ...).
+        (ProbeId::CudaMalloc, SIZE_ARG | 1),
+        (ProbeId::CudaMallocAsync, SIZE_ARG | 1),
+        (ProbeId::CudaMallocManaged, SIZE_ARG | 1),
+        (ProbeId::CudaMallocHost, SIZE_ARG | 1),
+        (ProbeId::CudaHostAlloc, SIZE_ARG | 1),
+        (ProbeId::CuMemCreate, SIZE_ARG | 1),
+        // MindSpore: AbstractDynamicMemPool::AllocTensorMem(this, size_t size, ...).
+        (ProbeId::MsAllocTensorMem, SIZE_ARG | 1),
+        // c10::reportMemoryUsageToProfiler(void *ptr, int64_t alloc_size, ...): negative on free.
+        (ProbeId::C10ReportMemoryUsage, SIZE_ARG | 1),
         // MemoryUsage.alloc_size (i64 at byte 16; negative when the report is a free).
         (ProbeId::PtaUsageOriginal, SIZE_DATA_I64 | 16),
         (ProbeId::PtaUsageWithComponent, SIZE_DATA_I64 | 16),

@@ -282,6 +282,9 @@ fn allocated_size(call: &Call) -> Option<u64> {
         Call::HalAlloc { size, .. } | Call::HalCreate { size, .. } => Some(*size),
         Call::RegionsRegister { regions, .. } => Some(regions.iter().map(|r| r.size).sum()),
         Call::PtaUsage(u) if u.size > 0 => Some(u.size),
+        Call::CudaAlloc { size, .. } | Call::CudaCreate { size, .. } => Some(*size),
+        Call::C10Usage(r) if r.size > 0 => Some(r.size as u64),
+        Call::MsPoolAlloc { size, .. } => Some(*size),
         _ => None,
     }
 }
