@@ -1070,3 +1070,49 @@ fn calls_lost_to_a_full_ring_buffer_are_counted_one_by_one() {
         rows.len()
     );
 }
+
+/// Probed frees left by `siglongjmp` (a signal handler interrupts each inside the library,
+/// makes a call of its own, and jumps back to main) leave entries whose returns never come;
+/// the calls after them are paired by their stack pointers. More jumps than the pending
+/// stack's depth (8): every returned call is a row, exactly, against the workload's log,
+/// and each left free's block is in the leak report (no return was seen).
+#[test]
+fn probed_calls_left_by_longjmp_leave_no_stale_entry() {
+    if !require_root("probed_calls_left_by_longjmp_leave_no_stale_entry") {
+        return;
+    }
+    let _serial = serial();
+    let dir = scratch("longjmp");
+    let log = dir.join("gt.log");
+    let out_dir = dir.join("out");
+    let left = 12;
+    let out = Command::new(TRACER)
+        .env_remove("SUDO_UID")
+        .env("SIM_HAL_SLOW_FREES", left.to_string())
+        // Long enough that only the timer's signal ends each slow free.
+        .env("SIM_HAL_SLOW_FREE_MS", "600000")
+        .args(["-o", out_dir.to_str().unwrap(), "--"])
+        .arg(bin("longjmp_workload"))
+        .args(["--left", &left.to_string(), "--calls", "20"])
+        .args(["--log", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let gt = parse_log(&log);
+    assert_eq!(gt.marks.len(), left, "the workload left {left} frees");
+    let rows = rows_of(&out_dir, gt.pid);
+    // Allocations in main, in the handlers (nested in a left free), and after the jumps.
+    assert_eq!(gt.of("MALLOC").len(), left * 2 + 20);
+    assert_eq!(
+        memory_rows(&rows, "MALLOC"),
+        gt_rows(&gt, &["MALLOC"]),
+        "{stderr}"
+    );
+    assert_eq!(
+        memory_rows(&rows, "FREE"),
+        gt_rows(&gt, &["FREE"]),
+        "{stderr}"
+    );
+    assert_eq!(leak_rows(&out_dir, gt.pid), gt_leaks(&gt), "{stderr}");
+}

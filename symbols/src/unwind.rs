@@ -35,6 +35,19 @@ impl Arch {
         }
     }
 
+    /// A return address as the code's caller wrote it, less any pointer authentication code.
+    /// Code built with `-mbranch-protection` (Armv8.3+) signs the link register before it
+    /// saves it (`paciasp`): the PAC sits in the bits above the user address space, so the
+    /// saved value is no address until they are cleared (what `xpaclri` does, and the
+    /// kernel's own unwinder). Linux gives user space at most 48 bits of addresses unless a
+    /// program asks for more with an `mmap` hint, which no code mapping is.
+    fn strip_pointer_auth(self, return_address: u64) -> u64 {
+        match self {
+            Arch::X86_64 => return_address,
+            Arch::Aarch64 => return_address & ((1 << 48) - 1),
+        }
+    }
+
     /// The DWARF register holding the return address at function entry, if it is a real
     /// register (aarch64's link register); x86-64 keeps it on the stack.
     fn link_register(self) -> Option<u16> {
@@ -188,7 +201,7 @@ pub fn unwind(
     file.set(sp_reg, Some(regs.sp));
     file.set(fp_reg, Some(regs.fp));
     if let Some(lr) = arch.link_register() {
-        file.set(lr, regs.lr);
+        file.set(lr, regs.lr.map(|lr| arch.strip_pointer_auth(lr)));
     }
     let mut out = Unwound {
         pcs: Vec::new(),
@@ -298,7 +311,10 @@ fn fp_step(regs: &RegFile, stack: &StackSnapshot<'_>, arch: Arch) -> Step {
     if ra == 0 {
         return Step::End;
     }
-    Step::Next { pc: ra, regs: next }
+    Step::Next {
+        pc: arch.strip_pointer_auth(ra),
+        regs: next,
+    }
 }
 
 enum Eval {
@@ -426,5 +442,8 @@ fn cfi_step(
     if ra == 0 {
         return Step::End;
     }
-    Step::Next { pc: ra, regs: next }
+    Step::Next {
+        pc: arch.strip_pointer_auth(ra),
+        regs: next,
+    }
 }

@@ -14,8 +14,7 @@
 //! architectures stay as they were.
 
 use std::fs;
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -25,6 +24,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::cmd;
+
+mod cpio;
+use cpio::Cpio;
 
 const TAG: &str = "[aarch64]";
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
@@ -62,14 +64,44 @@ const KERNEL_CONFIG: &[&str] = &[
     "CONFIG_SERIAL_AMBA_PL011_CONSOLE=y",
 ];
 
-/// The integration tests run inside the VM: (test binary, tests). Each checks the tracer's
-/// output against the workload's own ground-truth log or an independent tool, so a wrong
-/// register for an argument, the return value, the stack pointer or the link register fails
-/// one of them.
-pub const VM_TESTS: &[(&str, &[&str])] = &[
-    (
-        "trace",
-        &[
+/// Which cross-built fixture tree a VM run uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fixtures {
+    /// `tests/fixtures/build-aarch64`: plain Armv8 code.
+    Plain,
+    /// `tests/fixtures/build-aarch64-pac`: every fixture built with
+    /// `-mbranch-protection=standard` (return addresses signed with `paciasp`, BTI landing
+    /// pads), which the VM's CPU (`-cpu max`) authenticates.
+    Pac,
+}
+
+impl Fixtures {
+    fn dir(self) -> &'static str {
+        match self {
+            Fixtures::Plain => "build-aarch64",
+            Fixtures::Pac => "build-aarch64-pac",
+        }
+    }
+}
+
+/// One run of a test binary inside the VM: its label on the console, the binary, the
+/// fixtures it runs against, and its tests.
+pub struct VmTest {
+    pub label: &'static str,
+    pub bin: &'static str,
+    pub fixtures: Fixtures,
+    pub tests: &'static [&'static str],
+}
+
+/// The integration tests run inside the VM. Each checks the tracer's output against the
+/// workload's own ground-truth log or an independent tool, so a wrong register for an
+/// argument, the return value, the stack pointer or the link register fails one of them.
+pub const VM_TESTS: &[VmTest] = &[
+    VmTest {
+        label: "trace",
+        bin: "trace",
+        fixtures: Fixtures::Plain,
+        tests: &[
             // Launch mode: every call of a process tree (threads, devices, a child process),
             // exact counts, sizes, addresses and the leak report against the workload's log.
             "launch_mode_records_every_call_of_the_process_tree",
@@ -77,17 +109,39 @@ pub const VM_TESTS: &[(&str, &[&str])] = &[
             "attach_by_pid_traces_from_attach_on_and_reports_earlier_blocks",
             // A crashed target: every call up to the crash and its live blocks as leaks.
             "target_crash_loses_nothing_and_reports_live_blocks",
+            // Frees left by siglongjmp: entries paired with returns by the stack pointer.
+            "probed_calls_left_by_longjmp_leave_no_stale_entry",
         ],
-    ),
-    (
-        "stacks",
-        &[
+    },
+    VmTest {
+        label: "stacks",
+        bin: "stacks",
+        fixtures: Fixtures::Plain,
+        tests: &[
             // C stacks through code built without frame pointers (CFI from the link register
             // at function entry) and with them, against addr2line and the workload's maps.
             "c_stacks_without_frame_pointers",
             "c_stacks_with_frame_pointers",
         ],
-    ),
+    },
+    VmTest {
+        // The same stacks through code whose saved return addresses carry PAC bits.
+        label: "stacks-pac",
+        bin: "stacks",
+        fixtures: Fixtures::Pac,
+        tests: &[
+            "c_stacks_without_frame_pointers",
+            "c_stacks_with_frame_pointers",
+        ],
+    },
+    VmTest {
+        // A C++ exception through Runner::Execute: return probes on its `ret`s, not a
+        // uretprobe (signed return addresses too: the PAC fixtures).
+        label: "atb-pac",
+        bin: "atb",
+        fixtures: Fixtures::Pac,
+        tests: &["an_exception_thrown_through_runner_execute_reaches_its_catch"],
+    },
 ];
 
 fn cache_dir() -> Result<PathBuf> {
@@ -283,16 +337,45 @@ fn arm64_packages() -> Result<VmParts> {
 /// With `insn_cost`, the VM also times a tracefs uprobe on each first instruction of
 /// `tests/fixtures/bench/uprobe_insns.S` after the tests (the arm64 half of the bench's insn
 /// table; printed, never asserted).
-pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result<u8> {
+pub fn test(
+    repo: &Path,
+    ready: &crate::setup::Ready,
+    insn_cost: bool,
+    only: Option<&str>,
+) -> Result<u8> {
     let parts = setup()?;
     let start = Instant::now();
+    // `--only A,B`: the runs and tests whose label or name contains A or B (a targeted run).
+    let picks = |label: &str, test: &str| {
+        only.is_none_or(|o| {
+            o.split(',')
+                .any(|o| !o.is_empty() && (test.contains(o) || label.contains(o)))
+        })
+    };
+    let runs: Vec<(&VmTest, Vec<&str>)> = VM_TESTS
+        .iter()
+        .map(|r| {
+            let picked = r
+                .tests
+                .iter()
+                .copied()
+                .filter(|t| picks(r.label, t))
+                .collect();
+            (r, picked)
+        })
+        .filter(|(_, tests): &(_, Vec<&str>)| !tests.is_empty())
+        .collect();
+    if runs.is_empty() {
+        bail!("--only {only:?} names no test of the VM subset");
+    }
 
-    // The fixtures, cross-built into their own tree.
-    let mut make = Command::new("make");
-    make.current_dir(repo)
-        .args(["-s", "-C", "tests/fixtures", "aarch64"]);
-    cmd::stream(&mut make)?;
-    let fixtures = repo.join("tests/fixtures/build-aarch64");
+    // The fixtures, cross-built into their own trees: plain, and signed with PAC.
+    for target in ["aarch64", "aarch64-pac"] {
+        let mut make = Command::new("make");
+        make.current_dir(repo)
+            .args(["-s", "-C", "tests/fixtures", target]);
+        cmd::stream(&mut make)?;
+    }
 
     // The tracer (its build script builds the BPF object for the aarch64 registers) and the
     // test binaries, release so the VM's emulated CPU runs less code.
@@ -324,7 +407,9 @@ pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result
         "memscope-bpf",
         "--no-run",
     ]);
-    for (bin, _) in VM_TESTS {
+    let mut bins: Vec<&str> = runs.iter().map(|(r, _)| r.bin).collect();
+    bins.dedup();
+    for bin in &bins {
         c.args(["--test", bin]);
     }
     println!("{TAG} + {}", cmd::describe(&c));
@@ -337,14 +422,14 @@ pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result
         bail!("building the test binaries failed:\n{stderr}");
     }
     let mut test_bins = Vec::new();
-    for (bin, _) in VM_TESTS {
+    for bin in bins {
         // "  Executable tests/trace.rs (target/aarch64-unknown-linux-gnu/release/deps/trace-…)"
         let needle = format!("Executable tests/{bin}.rs (");
         let path = stderr
             .lines()
             .find_map(|l| l.split_once(&needle).map(|(_, p)| p.trim_end_matches(')')))
             .with_context(|| format!("no test binary for tests/{bin}.rs in:\n{stderr}"))?;
-        test_bins.push((*bin, repo.join(path)));
+        test_bins.push((bin, repo.join(path)));
     }
     let tracer = repo.join(format!("target/{TARGET}/release/memscope-bpf"));
     println!("{TAG} cross-built in {:.0}s", start.elapsed().as_secs_f64());
@@ -368,20 +453,30 @@ pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result
     }
     // The tracer where the test binaries were told it is (CARGO_BIN_EXE_memscope-bpf).
     cpio.file_at(&tracer, &rel(&tracer)?)?;
-    let vm_fixtures = "vm/fixtures";
-    cpio.tree(&fixtures, vm_fixtures)?;
+    for fixtures in [Fixtures::Plain, Fixtures::Pac] {
+        cpio.tree(
+            &repo.join("tests/fixtures").join(fixtures.dir()),
+            &format!("vm/{}", fixtures.dir()),
+        )?;
+    }
     let mut script = String::from(INIT_HEAD);
-    script.push_str(&format!("export MEMSCOPE_FIXTURES_DIR=/{vm_fixtures}\n"));
-    for ((bin, tests), (_, path)) in VM_TESTS.iter().zip(&test_bins) {
-        let at = format!("vm/tests/{bin}");
-        cpio.file_at(path, &at)?;
+    for (bin, path) in &test_bins {
+        cpio.file_at(path, &format!("vm/tests/{bin}"))?;
+    }
+    for (run, tests) in &runs {
         script.push_str(&format!(
-            "run {bin} /{at} --exact --test-threads=1 {}\n",
+            "export MEMSCOPE_FIXTURES_DIR=/vm/{}\nrun {} /vm/tests/{} --exact --test-threads=1 {}\n",
+            run.fixtures.dir(),
+            run.label,
+            run.bin,
             tests.join(" ")
         ));
     }
     if insn_cost {
-        script.push_str(&format!("INSN=/{vm_fixtures}/bin/insn_cost\n"));
+        script.push_str(&format!(
+            "INSN=/vm/{}/bin/insn_cost\n",
+            Fixtures::Plain.dir()
+        ));
         script.push_str(INSN_COST);
     }
     script.push_str(INIT_TAIL);
@@ -397,7 +492,7 @@ pub fn test(repo: &Path, ready: &crate::setup::Ready, insn_cost: bool) -> Result
     if insn_cost {
         insn_table(&results);
     }
-    judge(&results)
+    judge(&results, &runs)
 }
 
 /// Times each function untraced and with a uprobe on its first instruction (no BPF: the
@@ -511,15 +606,20 @@ fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2400u64);
-    // Neoverse N1 (Armv8.2) is close to Kunpeng 920's cores: no pointer authentication, so
-    // return addresses on the stack are plain (the unwinder does not strip PAC bits yet).
+    // `max`: every feature qemu emulates, pointer authentication among them (Armv8.3), so the
+    // PAC-built fixtures' return addresses are signed and authenticated; the implementation-
+    // defined PAC algorithm is the fast one under TCG (QARMA5 is several times slower).
+    // Without SVE/SME, which Kunpeng 920 lacks too: with plain `max` (glibc then picks its
+    // SVE string functions) a single launch-mode test ran over 20 minutes on the loaded
+    // 2-core host without ending. The plain fixtures run on it as on an Armv8.2 core such
+    // as Kunpeng 920's (no PAC instructions in them).
     let mut qemu = Command::new("nice");
     qemu.args(["-n", "10", "qemu-system-aarch64"])
         .args([
             "-M",
             "virt",
             "-cpu",
-            "neoverse-n1",
+            "max,sve=off,sme=off,pauth-impdef=on",
             "-smp",
             "2",
             "-m",
@@ -594,7 +694,7 @@ unsafe extern "C" {
 }
 
 /// Every selected test must have run, as root, and passed.
-fn judge(run: &VmRun) -> Result<u8> {
+fn judge(run: &VmRun, runs: &[(&VmTest, Vec<&str>)]) -> Result<u8> {
     let mut problems = Vec::new();
     if run.timed_out {
         problems.push("the VM ran out of time (MEMSCOPE_AARCH64_TIMEOUT)".to_owned());
@@ -618,24 +718,30 @@ fn judge(run: &VmRun) -> Result<u8> {
         problems.push("the VM's init did not finish".to_owned());
     }
     let (mut passed, mut failed) = (0usize, 0usize);
-    for (bin, tests) in VM_TESTS {
-        let end = run
+    for (test_run, tests) in runs {
+        let label = test_run.label;
+        // This run's lines: between its begin and end markers (a binary may run twice).
+        let begin = format!("{MARK} begin {label}");
+        let end_prefix = format!("{MARK} end {label} rc=");
+        let section: Vec<&String> = run
             .lines
             .iter()
-            .find_map(|l| l.strip_prefix(&format!("{MARK} end {bin} rc=")));
+            .skip_while(|l| **l != begin)
+            .take_while(|l| !l.starts_with(&end_prefix))
+            .collect();
+        let end = run.lines.iter().find_map(|l| l.strip_prefix(&end_prefix));
         if end != Some("0") {
-            problems.push(format!("tests/{bin}.rs exited with {end:?} in the VM"));
+            problems.push(format!(
+                "{label} (tests/{}.rs) exited with {end:?} in the VM",
+                test_run.bin
+            ));
         }
-        for test in *tests {
-            let ok = run
-                .lines
-                .iter()
-                .any(|l| l == &format!("test {test} ... ok"));
-            if ok {
+        for test in tests {
+            if section.iter().any(|l| **l == format!("test {test} ... ok")) {
                 passed += 1;
             } else {
                 failed += 1;
-                problems.push(format!("{bin}::{test} did not pass"));
+                problems.push(format!("{label}::{test} did not pass"));
             }
         }
     }
@@ -647,124 +753,4 @@ fn judge(run: &VmRun) -> Result<u8> {
     }
     println!("{passed} passed, {failed} failed");
     Ok(if problems.is_empty() { 0 } else { 1 })
-}
-
-/// A newc ("070701") cpio archive, the format the kernel unpacks an initramfs from.
-struct Cpio {
-    out: BufWriter<fs::File>,
-    written: u64,
-    ino: u32,
-    dirs: std::collections::BTreeSet<String>,
-}
-
-impl Cpio {
-    fn create(path: &Path) -> Result<Cpio> {
-        let file =
-            fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Cpio {
-            out: BufWriter::new(file),
-            written: 0,
-            ino: 1,
-            dirs: Default::default(),
-        })
-    }
-
-    fn entry(&mut self, name: &str, mode: u32, data: &[u8]) -> Result<()> {
-        let ino = self.ino;
-        self.ino += 1;
-        let fields = [ino, mode, 0, 0, 1, 0, data.len() as u32, 0, 0, 0, 0];
-        let mut head = String::from("070701");
-        for f in fields {
-            head.push_str(&format!("{f:08x}"));
-        }
-        head.push_str(&format!("{:08x}{:08x}", name.len() + 1, 0));
-        self.put(head.as_bytes())?;
-        self.put(name.as_bytes())?;
-        self.put(&[0])?;
-        self.pad()?;
-        self.put(data)?;
-        self.pad()
-    }
-
-    fn put(&mut self, b: &[u8]) -> Result<()> {
-        self.out.write_all(b)?;
-        self.written += b.len() as u64;
-        Ok(())
-    }
-
-    fn pad(&mut self) -> Result<()> {
-        let n = (4 - self.written % 4) % 4;
-        self.put(&[0u8; 3][..n as usize])
-    }
-
-    /// A directory and its parents, once each.
-    fn dir(&mut self, name: &str) -> Result<()> {
-        let name = name.trim_matches('/');
-        if name.is_empty() || self.dirs.contains(name) {
-            return Ok(());
-        }
-        if let Some((parent, _)) = name.rsplit_once('/') {
-            self.dir(parent)?;
-        }
-        self.dirs.insert(name.to_owned());
-        self.entry(name, 0o040755, &[])
-    }
-
-    fn parent(&mut self, name: &str) -> Result<()> {
-        match name.rsplit_once('/') {
-            Some((parent, _)) => self.dir(parent),
-            None => Ok(()),
-        }
-    }
-
-    fn symlink(&mut self, name: &str, to: &str) -> Result<()> {
-        self.parent(name)?;
-        self.entry(name, 0o120777, to.as_bytes())
-    }
-
-    fn bytes(&mut self, name: &str, data: &[u8], perm: u32) -> Result<()> {
-        self.parent(name)?;
-        self.entry(name, 0o100000 | perm, data)
-    }
-
-    fn file_at(&mut self, src: &Path, name: &str) -> Result<()> {
-        let data = fs::read(src).with_context(|| format!("reading {}", src.display()))?;
-        let perm = fs::metadata(src)?.permissions().mode() & 0o7777;
-        self.bytes(name, &data, perm)
-    }
-
-    /// Everything under `src`, at `at` in the archive.
-    fn tree(&mut self, src: &Path, at: &str) -> Result<()> {
-        self.dir(at)?;
-        let mut entries: Vec<_> = fs::read_dir(src)
-            .with_context(|| format!("reading {}", src.display()))?
-            .collect::<std::io::Result<_>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let path = e.path();
-            let name = e.file_name();
-            let name = name.to_str().context("non-UTF-8 file name")?;
-            let inside = if at.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{at}/{name}")
-            };
-            let meta = fs::symlink_metadata(&path)?;
-            if meta.file_type().is_symlink() {
-                let to = fs::read_link(&path)?;
-                self.symlink(&inside, to.to_str().context("non-UTF-8 link")?)?;
-            } else if meta.is_dir() {
-                self.tree(&path, &inside)?;
-            } else if meta.is_file() {
-                self.file_at(&path, &inside)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(mut self) -> Result<u64> {
-        self.entry("TRAILER!!!", 0, &[])?;
-        self.out.flush()?;
-        Ok(self.written)
-    }
 }

@@ -53,9 +53,10 @@ Commands:
         ELF/DWARF parsers (MEMSCOPE_FUZZ_SECS, default 30; 0 skips it; installs
         cargo-fuzz on first use). Exits with cargo's status, 1 if the fuzzer crashes.
         e.g. cargo xtask test -- -p memscope-bpf -- --nocapture
-  test-aarch64 [--insn-cost]
+  test-aarch64 [--insn-cost] [--only A,B]
         The tracer on arm64 (Ascend hosts are aarch64): cross-builds the tracer, its
-        BPF object for the aarch64 registers, the fixtures (build-aarch64/) and a
+        BPF object for the aarch64 registers, the fixtures (build-aarch64/, and
+        build-aarch64-pac/ with -mbranch-protection=standard) and a
         subset of the integration tests, boots Debian's arm64 kernel in
         qemu-system-aarch64 (TCG) with them in an initramfs, runs the tests there
         as root and reads the results from the serial console (docs/aarch64.md).
@@ -63,6 +64,7 @@ Commands:
         MEMSCOPE_AARCH64_TIMEOUT: seconds the VM may run (default 2400).
         --insn-cost: then also time a uprobe on each first instruction of
         tests/fixtures/bench/uprobe_insns.S in the VM (docs/placement.md).
+        --only A,B: only the runs and tests whose label or name contains A or B.
   test-gpu
         The CUDA source on a real NVIDIA GPU (for a person to run there; never part
         of `test`): PyPI's torch 2.8.0 with its nvidia-* wheels (~4 GB once) in
@@ -125,13 +127,20 @@ fn run(args: &[String]) -> Result<u8> {
         }
         "test-gpu" => gpu::run(&repo),
         "test-aarch64" => {
-            let insn_cost = match rest {
-                [] => false,
-                [flag] if flag == "--insn-cost" => true,
-                [arg, ..] => bail!("unknown option for `test-aarch64`: `{arg}`\n\n{USAGE}"),
-            };
+            let (mut insn_cost, mut only) = (false, None);
+            let mut args = rest.iter();
+            while let Some(arg) = args.next() {
+                match arg.as_str() {
+                    "--insn-cost" => insn_cost = true,
+                    "--only" => match args.next() {
+                        Some(name) => only = Some(name.as_str()),
+                        None => bail!("`--only` needs a test name\n\n{USAGE}"),
+                    },
+                    _ => bail!("unknown option for `test-aarch64`: `{arg}`\n\n{USAGE}"),
+                }
+            }
             let ready = setup::run(&repo, &setup::Options::default())?;
-            aarch64::test(&repo, &ready, insn_cost)
+            aarch64::test(&repo, &ready, insn_cost, only)
         }
         "test" => test(&repo, rest),
         "fuzz" => {

@@ -162,23 +162,30 @@ fn read_code(
 /// return address on the stack with the kernel's trampoline, through which a C++ exception
 /// cannot unwind: the program would end in `std::terminate`. A probe on the return
 /// instruction changes nothing. `Err` says why the returns cannot all be found (no size, a
-/// jump out of the parts such as a tail call, an indirect jump, not x86-64): the caller falls
-/// back to a uretprobe.
+/// jump out of the parts such as a tail call, an indirect jump, an arm64 return the kernel
+/// cannot probe, another architecture): the caller falls back to a uretprobe.
 pub fn return_sites(path: &Path, parts: &[(u64, u64)]) -> Result<Vec<u64>, String> {
     let mut code = Vec::new();
+    let mut arch = None;
     for &(file_offset, size) in parts {
         if size == 0 || size > 1 << 20 {
             return Err(format!("function size {size} unusable"));
         }
         match read_code(path, file_offset, size as usize) {
-            Ok((Some(Arch::X86_64), c)) if c.len() as u64 == size => code.push((file_offset, c)),
-            Ok((Some(Arch::X86_64), _)) => return Err("the function's code is cut short".into()),
-            Ok(_) => return Err("return sites are found on x86-64 only".into()),
+            Ok((Some(a), c)) if c.len() as u64 == size => {
+                arch = Some(a);
+                code.push((file_offset, c));
+            }
+            Ok((Some(_), _)) => return Err("the function's code is cut short".into()),
+            Ok((None, _)) => return Err("neither x86-64 nor aarch64 code".into()),
             Err(e) => return Err(format!("cannot read the function's code: {e}")),
         }
     }
     let parts: Vec<(u64, &[u8])> = code.iter().map(|(o, c)| (*o, c.as_slice())).collect();
-    x86_64::return_sites(&parts)
+    match arch {
+        Some(Arch::Aarch64) => aarch64::return_sites(&parts),
+        _ => x86_64::return_sites(&parts),
+    }
 }
 
 pub mod x86_64 {
@@ -485,26 +492,7 @@ pub mod x86_64 {
     }
 }
 
-pub mod aarch64 {
-    //! aarch64: every instruction is 4 bytes. Measured in the arm64 VM (docs/placement.md,
-    //! `cargo xtask test-aarch64 --insn-cost`, Linux 6.12): the kernel simulates branches,
-    //! `adr`/`adrp`, the hints (`paciasp`, `bti c`) and the frame-record push `stp x29, x30,
-    //! [sp, #-N]!`, which is how compiled functions begin, and single-steps ALU and plain
-    //! load/store instructions. So the entry is already the cheap point: placement stays there.
-    use super::Placement;
-
-    pub fn place(code: &[u8]) -> Placement {
-        let first = code
-            .get(..4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .map(|w| format!("{w:#010x}"))
-            .unwrap_or_default();
-        Placement::entry(
-            first,
-            "aarch64 functions begin with instructions the kernel simulates (docs/placement.md)",
-        )
-    }
-}
+pub mod aarch64;
 
 #[cfg(test)]
 mod tests {
