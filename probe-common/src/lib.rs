@@ -412,12 +412,51 @@ pub mod spec_flags {
     /// Entry-only calls that need the caller's Python stack and never a C stack (a task
     /// enqueued from Python: its stack is carried to the thread that runs the task).
     pub const PYTHON_STACK_ONLY: u32 = 1 << 12;
-    /// At return, read a counter of the object in `deref_arg` through one pointer member:
-    /// `*(*(obj + hi >> 16) + (hi & 0xffff))` into `deref`, where `hi` is the cookie's part
-    /// above the probe id (user space finds the offsets in the library's code; 0: not found,
-    /// nothing read). A MindSpore pool's own `used` bytes, read by the thread that just
-    /// changed them.
+    /// At return, read counters of the object in `deref_arg` through one pointer member
+    /// `p = *(obj + member)`: `*(p + used)` into `deref`, and, when the cookie names them,
+    /// `*(p + a) + *(p + b)` into `args[CHAIN_SUM_ARG]` (`u64::MAX` if unreadable), the
+    /// offsets packed in the cookie's part above the probe id ([`read_chain`]; user space finds
+    /// them in the library's code; 0: not found, nothing read). A MindSpore pool's own `used`
+    /// and reserved bytes, read by the thread that just changed them.
     pub const READ_CHAIN: u32 = 1 << 13;
+}
+
+/// The argument slot a `READ_CHAIN` probe's second read (a sum of two counters) goes to: the
+/// last, so such probes hook functions of fewer arguments.
+pub const CHAIN_SUM_ARG: usize = MAX_ARGS - 1;
+
+/// The offsets of a `READ_CHAIN` read, packed in the 32 cookie bits above the probe id:
+/// the member (bits 18..32, bytes) and three counters behind it as 8-byte slots below 64
+/// (`used` in bits 12..18, the summed pair in 6..12 and 0..6; the pair (0, 0): none).
+pub mod read_chain {
+    /// Packs the offsets; None when they do not fit (or the member is 0: the vtable).
+    pub const fn pack(member: u64, used: u64, sum: Option<(u64, u64)>) -> Option<u32> {
+        let (a, b) = match sum {
+            Some(pair) => pair,
+            None => (0, 0),
+        };
+        if member == 0 || member >= 1 << 14 || a == b && sum.is_some() {
+            return None;
+        }
+        if used % 8 != 0 || a % 8 != 0 || b % 8 != 0 || used >= 512 || a >= 512 || b >= 512 {
+            return None;
+        }
+        Some((member << 18 | used / 8 << 12 | a / 8 << 6 | b / 8) as u32)
+    }
+    pub const fn member(hi: u32) -> u64 {
+        (hi >> 18) as u64
+    }
+    pub const fn used(hi: u32) -> u64 {
+        ((hi >> 12) & 63) as u64 * 8
+    }
+    /// The summed pair, None when not asked for.
+    pub const fn sum(hi: u32) -> Option<(u64, u64)> {
+        if hi & 0xfff == 0 {
+            None
+        } else {
+            Some((((hi >> 6) & 63) as u64 * 8, (hi & 63) as u64 * 8))
+        }
+    }
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).

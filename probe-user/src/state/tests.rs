@@ -1159,6 +1159,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             size: 512,
             addr: RANGE + 0x200,
             pool_used: None,
+            pool_reserved: None,
         };
         let rows = p.apply(&ev(1, alloc), 4, &o, None);
         assert!(
@@ -1262,6 +1263,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             size: 3 << 20,
             addr: RANGE + 0x200,
             pool_used: None,
+            pool_reserved: None,
         };
         p.apply(&ev(1, alloc), 5, &o, None);
         if !map_first {
@@ -1301,6 +1303,7 @@ fn driver_memory_mapped_before_the_attach_counts_in_the_pools_total() {
         size: 512,
         addr,
         pool_used: None,
+        pool_reserved: None,
     };
     let rows = p.apply(&ev(1, alloc(0x1000)), 2, &o, None);
     assert_eq!(total_of(&rows).as_deref(), Some("8388608"));

@@ -220,6 +220,7 @@ fn mindspore_pool_calls() {
             size: 1_049_088,
             addr: 0x6000_0000_0200,
             pool_used: None,
+            pool_reserved: None,
         }
     );
     // With the pool's counter found (the cookie's upper bits), its value read at the return;
@@ -253,6 +254,7 @@ fn mindspore_pool_calls() {
                 addr: 0x6000_0000_0200,
                 freed,
                 pool_used: None,
+                pool_reserved: None,
             }
         );
     }
