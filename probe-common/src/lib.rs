@@ -435,13 +435,23 @@ pub mod read_chain {
             Some(pair) => pair,
             None => (0, 0),
         };
-        if member == 0 || member >= 1 << 14 || a == b && sum.is_some() {
+        if member == 0 || member >= 1 << 14 || (a == b && sum.is_some()) {
             return None;
         }
-        if used % 8 != 0 || a % 8 != 0 || b % 8 != 0 || used >= 512 || a >= 512 || b >= 512 {
-            return None;
+        match (slot(used), slot(a), slot(b)) {
+            (Some(used), Some(a), Some(b)) => {
+                Some(((member << 18) | (used << 12) | (a << 6) | b) as u32)
+            }
+            _ => None,
         }
-        Some((member << 18 | used / 8 << 12 | a / 8 << 6 | b / 8) as u32)
+    }
+    /// The 8-byte slot of a counter at `offset`, below 64.
+    const fn slot(offset: u64) -> Option<u64> {
+        if offset.is_multiple_of(8) && offset < 512 {
+            Some(offset / 8)
+        } else {
+            None
+        }
     }
     pub const fn member(hi: u32) -> u64 {
         (hi >> 18) as u64
@@ -623,4 +633,29 @@ mod pod {
     unsafe impl aya::Pod for super::StackEvent {}
     unsafe impl aya::Pod for super::PyStackEvent {}
     unsafe impl aya::Pod for super::PyProcess {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_chain;
+
+    #[test]
+    fn read_chain_offsets_round_trip_or_are_refused() {
+        // MindSpore 2.10's pool: used at *(pool+0xd8)+0, reserved at +0x18 and +0x10.
+        let hi = read_chain::pack(0xd8, 0, Some((0x18, 0x10))).unwrap();
+        assert_eq!(read_chain::member(hi), 0xd8);
+        assert_eq!(read_chain::used(hi), 0);
+        assert_eq!(read_chain::sum(hi), Some((0x18, 0x10)));
+        let used_only = read_chain::pack(0xd8, 0x8, None).unwrap();
+        assert_eq!(
+            (read_chain::used(used_only), read_chain::sum(used_only)),
+            (8, None)
+        );
+        // Not read on a guess: unaligned, too far, the vtable member, one counter twice.
+        assert_eq!(read_chain::pack(0xd8, 4, None), None);
+        assert_eq!(read_chain::pack(0xd8, 0, Some((0x10, 0x200))), None);
+        assert_eq!(read_chain::pack(0, 0, None), None);
+        assert_eq!(read_chain::pack(1 << 14, 0, None), None);
+        assert_eq!(read_chain::pack(0xd8, 0, Some((0x10, 0x10))), None);
+    }
 }
