@@ -223,6 +223,11 @@ fn check(run: &Run, what: &str, mode: Mode) {
         "{}",
         ctx("the pool's functions were not found")
     );
+    assert!(
+        !run.stderr.contains("TotalMemStatistics()"),
+        "{}",
+        ctx("the pool's reserved counters were not found")
+    );
     let ms: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].event_type == "MINDSPORE")
         .collect();
