@@ -423,16 +423,65 @@ pub mod spec_flags {
     /// Entry-only calls that need the caller's Python stack and never a C stack (a task
     /// enqueued from Python: its stack is carried to the thread that runs the task).
     pub const PYTHON_STACK_ONLY: u32 = 1 << 12;
-    /// At return, read a counter of the object in `deref_arg` through one pointer member:
-    /// `*(*(obj + hi >> 16) + (hi & 0xffff))` into `deref`, where `hi` is the cookie's part
-    /// above the probe id (user space finds the offsets in the library's code; 0: not found,
-    /// nothing read). A MindSpore pool's own `used` bytes, read by the thread that just
-    /// changed them.
+    /// At return, read counters of the object in `deref_arg` through one pointer member
+    /// `p = *(obj + member)`: `*(p + used)` into `deref`, and, when the cookie names them,
+    /// `*(p + a) + *(p + b)` into `args[CHAIN_SUM_ARG]` (`u64::MAX` if unreadable), the
+    /// offsets packed in the cookie's part above the probe id ([`read_chain`]; user space finds
+    /// them in the library's code; 0: not found, nothing read). A MindSpore pool's own `used`
+    /// and reserved bytes, read by the thread that just changed them.
     pub const READ_CHAIN: u32 = 1 << 13;
     /// With `DATA_IS_BYTES`, at entry: a call whose copied byte `data[skip_off]` is
     /// `skip_value` is dropped in BPF (no event, no stack), for a probed function that is also
     /// called for something no row needs (torch_npu's report of a BLOCK_FREE).
     pub const SKIP_BYTE: u32 = 1 << 14;
+}
+
+/// The argument slot a `READ_CHAIN` probe's second read (a sum of two counters) goes to: the
+/// last, so such probes hook functions of fewer arguments.
+pub const CHAIN_SUM_ARG: usize = MAX_ARGS - 1;
+
+/// The offsets of a `READ_CHAIN` read, packed in the 32 cookie bits above the probe id:
+/// the member (bits 18..32, bytes) and three counters behind it as 8-byte slots below 64
+/// (`used` in bits 12..18, the summed pair in 6..12 and 0..6; the pair (0, 0): none).
+pub mod read_chain {
+    /// Packs the offsets; None when they do not fit (or the member is 0: the vtable).
+    pub const fn pack(member: u64, used: u64, sum: Option<(u64, u64)>) -> Option<u32> {
+        let (a, b) = match sum {
+            Some(pair) => pair,
+            None => (0, 0),
+        };
+        if member == 0 || member >= 1 << 14 || (a == b && sum.is_some()) {
+            return None;
+        }
+        match (slot(used), slot(a), slot(b)) {
+            (Some(used), Some(a), Some(b)) => {
+                Some(((member << 18) | (used << 12) | (a << 6) | b) as u32)
+            }
+            _ => None,
+        }
+    }
+    /// The 8-byte slot of a counter at `offset`, below 64.
+    const fn slot(offset: u64) -> Option<u64> {
+        if offset.is_multiple_of(8) && offset < 512 {
+            Some(offset / 8)
+        } else {
+            None
+        }
+    }
+    pub const fn member(hi: u32) -> u64 {
+        (hi >> 18) as u64
+    }
+    pub const fn used(hi: u32) -> u64 {
+        ((hi >> 12) & 63) as u64 * 8
+    }
+    /// The summed pair, None when not asked for.
+    pub const fn sum(hi: u32) -> Option<(u64, u64)> {
+        if hi & 0xfff == 0 {
+            None
+        } else {
+            Some((((hi >> 6) & 63) as u64 * 8, (hi & 63) as u64 * 8))
+        }
+    }
 }
 
 /// What a probe captures, indexed by probe id (the attach cookie).
@@ -602,4 +651,29 @@ mod pod {
     unsafe impl aya::Pod for super::StackEvent {}
     unsafe impl aya::Pod for super::PyStackEvent {}
     unsafe impl aya::Pod for super::PyProcess {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_chain;
+
+    #[test]
+    fn read_chain_offsets_round_trip_or_are_refused() {
+        // MindSpore 2.10's pool: used at *(pool+0xd8)+0, reserved at +0x18 and +0x10.
+        let hi = read_chain::pack(0xd8, 0, Some((0x18, 0x10))).unwrap();
+        assert_eq!(read_chain::member(hi), 0xd8);
+        assert_eq!(read_chain::used(hi), 0);
+        assert_eq!(read_chain::sum(hi), Some((0x18, 0x10)));
+        let used_only = read_chain::pack(0xd8, 0x8, None).unwrap();
+        assert_eq!(
+            (read_chain::used(used_only), read_chain::sum(used_only)),
+            (8, None)
+        );
+        // Not read on a guess: unaligned, too far, the vtable member, one counter twice.
+        assert_eq!(read_chain::pack(0xd8, 4, None), None);
+        assert_eq!(read_chain::pack(0xd8, 0, Some((0x10, 0x200))), None);
+        assert_eq!(read_chain::pack(0, 0, None), None);
+        assert_eq!(read_chain::pack(1 << 14, 0, None), None);
+        assert_eq!(read_chain::pack(0xd8, 0, Some((0x10, 0x10))), None);
+    }
 }

@@ -14,8 +14,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use probe_common::{
-    COOKIE_HI_SHIFT, COOKIE_PROBE_MASK, MAX_ARGS, ProbeSpec, RAW_HEADER, RawEvent, counter,
-    event_flags, kind, spec_flags,
+    CHAIN_SUM_ARG, COOKIE_HI_SHIFT, COOKIE_PROBE_MASK, MAX_ARGS, ProbeSpec, RAW_HEADER, RawEvent,
+    counter, event_flags, kind, read_chain, spec_flags,
 };
 
 use crate::{
@@ -562,14 +562,19 @@ fn finish_return(
         }
     }
     if spec.flags & spec_flags::READ_CHAIN != 0 && ev.cpu != 0 {
+        let hi = ev.cpu;
         let obj = ev.args.get(spec.deref_arg as usize).copied().unwrap_or(0);
-        let member = obj.wrapping_add((ev.cpu >> 16) as u64) as *const u64;
-        let read = unsafe { bpf_probe_read_user(member) }.and_then(|p| unsafe {
-            bpf_probe_read_user(p.wrapping_add((ev.cpu & 0xffff) as u64) as *const u64)
-        });
-        match read {
+        let member = obj.wrapping_add(read_chain::member(hi)) as *const u64;
+        let at =
+            |p: u64, off: u64| unsafe { bpf_probe_read_user(p.wrapping_add(off) as *const u64) };
+        let p = unsafe { bpf_probe_read_user(member) };
+        match p.and_then(|p| at(p, read_chain::used(hi))) {
             Ok(v) => ev.deref = v,
             Err(_) => ev.flags |= event_flags::DEREF_FAULT,
+        }
+        if let Some((a, b)) = read_chain::sum(hi) {
+            let sum = p.and_then(|p| Ok(at(p, a)?.wrapping_add(at(p, b)?)));
+            ev.args[CHAIN_SUM_ARG] = sum.unwrap_or(u64::MAX);
         }
     }
     if sampling::wants_stack(ev.probe as u32, &ev.args, Some(&ev.data)) {

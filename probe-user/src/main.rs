@@ -231,7 +231,7 @@ fn run(opts: Options) -> Result<u8> {
         bpf.hold_children();
     }
 
-    // MindSpore's VMM memory mapped before a `--pid` attach (`trace/mindspore.rs`).
+    // MindSpore's device memory taken before a `--pid` attach (`trace/mindspore.rs`).
     let mut driver_before = None;
     let child = match (&opts.mode, launch) {
         (Mode::Launch { .. }, Some((program, argv))) => {
@@ -265,10 +265,10 @@ fn run(opts: Options) -> Result<u8> {
                 .plan_process(&mut bpf, pid)
                 .with_context(|| format!("cannot plan probes for pid {pid}"))?;
             report_plan(&mut planner);
-            match memscope_bpf::trace::mindspore::vmm_mapped_before(pid) {
-                Ok(bytes) => driver_before = bytes.map(|b| (pid, b)),
+            match memscope_bpf::trace::mindspore::before_attach(pid) {
+                Ok(before) => driver_before = before.map(|b| (pid, b)),
                 Err(why) => log::warn(&format!(
-                    "MindSpore's VMM memory mapped before the attach is not counted in total: {why}"
+                    "MindSpore's device memory taken before the attach is not counted in total: {why}"
                 )),
             }
             // Its interpreter is there already: Python stacks from the first call on.

@@ -190,9 +190,10 @@ fn live_driver(rows: &[DumpRow]) -> u64 {
 /// Checks a run row for row against the script's own log. In a `--pid` run the rows' `used`
 /// is still MindSpore's memory_allocated() (the pool's own count, read by its probes, adds the
 /// blocks made before the attach), and with VMM its `total` memory_reserved() (the physical
-/// memory mapped before the attach read from MindSpore's VMM adapter), while the tracer sees
-/// only the blocks, and the driver memory, made after it attached: those are MindSpore's
-/// figures less what it held at READY (so is `total` without VMM).
+/// memory mapped before the attach read from MindSpore's VMM adapter; without VMM the pool's
+/// reserved counters read by its probes), while the tracer sees only the blocks, and the
+/// driver memory, made after it attached: those are MindSpore's figures less what it held at
+/// READY.
 fn check(run: &Run, what: &str, mode: Mode) {
     let rows = &run.rows;
     let step_of = steps_of(rows);
@@ -212,16 +213,20 @@ fn check(run: &Run, what: &str, mode: Mode) {
     };
     let used = |f: &BTreeMap<&str, &str>| num(f, "allocated").to_string();
     let seen_used = |f: &BTreeMap<&str, &str>| (num(f, "allocated") - base_used).to_string();
-    // `total` is memory_reserved() itself, with VMM also in a `--pid` run (the tracer reads
-    // the physical memory mapped before the attach from MindSpore's VMM adapter); without VMM
-    // the 1 GiB block taken before the attach is not counted.
-    let base_row_total = if mode.vmm { 0 } else { base_total };
-    let total = |f: &BTreeMap<&str, &str>| (num(f, "reserved") - base_row_total).to_string();
+    // `total` is memory_reserved() itself, also in a `--pid` run: with VMM the tracer reads
+    // the physical memory mapped before the attach from MindSpore's VMM adapter, without VMM
+    // the pool's probes read its reserved counters (the 1 GiB block taken before the attach).
+    let total = |f: &BTreeMap<&str, &str>| num(f, "reserved").to_string();
     let seen_total = |f: &BTreeMap<&str, &str>| (num(f, "reserved") - base_total).to_string();
     assert!(
         !run.stderr.contains("pool functions"),
         "{}",
         ctx("the pool's functions were not found")
+    );
+    assert!(
+        !run.stderr.contains("TotalMemStatistics()"),
+        "{}",
+        ctx("the pool's reserved counters were not found")
     );
     let ms: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].event_type == "MINDSPORE")

@@ -132,6 +132,9 @@ pub enum Call {
         addr: u64,
         /// The pool's own used bytes after the call, when they could be read.
         pool_used: Option<u64>,
+        /// The pool's own reserved bytes without VMM (`memory_reserved()`) after the call,
+        /// when they could be read.
+        pool_reserved: Option<u64>,
     },
     /// MindSpore's pool was asked to free the block at `addr` (`DoFreeTensorMem`); `freed`:
     /// it said it did.
@@ -140,6 +143,7 @@ pub enum Call {
         addr: u64,
         freed: bool,
         pool_used: Option<u64>,
+        pool_reserved: Option<u64>,
     },
     /// MindSpore's pipeline enqueued `task` (`AsyncRQueue::Push`) for a worker thread.
     MsTaskPush {

@@ -61,8 +61,8 @@ pub struct SessionConfig {
     pub format: DataFormat,
     pub track: TrackOptions,
     pub leaks: bool,
-    /// (pid, bytes): driver memory the process attached to had mapped before the attach.
-    pub driver_before: Option<(u32, u64)>,
+    /// (pid, what): the driver memory the process attached to held before the attach.
+    pub driver_before: Option<(u32, crate::trace::mindspore::BeforeAttach)>,
     /// Launch mode: our direct child, whose exit status we return.
     pub child: Option<u32>,
     /// `--call-stack=c:D`: resolve C stacks up to D frames.

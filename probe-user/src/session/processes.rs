@@ -103,8 +103,11 @@ impl Session {
                 out.rotate(bytes, files);
             }
             let mut state = ProcessState::new(pid);
-            if let Some((_, bytes)) = cfg.driver_before.filter(|&(p, _)| p == pid) {
-                state.driver_before = bytes;
+            use crate::trace::mindspore::BeforeAttach;
+            match cfg.driver_before.filter(|&(p, _)| p == pid) {
+                Some((_, BeforeAttach::VmmMapped(bytes))) => state.driver_before = bytes,
+                Some((_, BeforeAttach::NoVmm)) => state.pool_reserved_unseen = true,
+                None => {}
             }
             Traced {
                 state,

@@ -314,10 +314,12 @@ impl ProcessState {
                 size,
                 addr,
                 pool_used,
+                pool_reserved,
                 ..
             } => {
                 let device = self.pool_device(ev.tid);
                 self.take_driver_before(device);
+                self.take_pool_reserved(device, *pool_reserved);
                 if let Some(mut change) = self.ms_pools.alloc(device, *addr, *size, *pool_used) {
                     change.reserved = self.driver_bytes(device);
                     self.pool_malloc(change, ev.tid, ts_ns, opts, &mut rows);
@@ -327,10 +329,12 @@ impl ProcessState {
                 addr,
                 freed,
                 pool_used,
+                pool_reserved,
                 ..
             } => {
                 let device = self.pool_device(ev.tid);
                 self.take_driver_before(device);
+                self.take_pool_reserved(device, *pool_reserved);
                 if let Some(mut change) = self.ms_pools.free(device, *addr, *freed, *pool_used) {
                     change.reserved = self.driver_bytes(change.device);
                     self.pool_free(change, ev.tid, ts_ns, opts, &mut rows);

@@ -87,6 +87,19 @@ impl ProcessState {
         }
     }
 
+    /// Counts the driver memory MindSpore's pool took before a `--pid` attach without VMM,
+    /// once: its own reserved bytes (read at this call's return, after the driver calls it
+    /// made on the way were seen) less the driver memory seen on `device`.
+    pub(super) fn take_pool_reserved(&mut self, device: u32, pool_reserved: Option<u64>) {
+        if let Some(reserved) = pool_reserved.filter(|_| self.pool_reserved_unseen) {
+            self.pool_reserved_unseen = false;
+            let unseen = reserved.saturating_sub(self.driver_bytes(device));
+            if unseen > 0 {
+                *self.used.entry(device).or_default() += unseen;
+            }
+        }
+    }
+
     /// The driver memory the process holds on `device` (HAL blocks and physical handles).
     pub(super) fn driver_bytes(&self, device: u32) -> u64 {
         self.used.get(&device).copied().unwrap_or(0)

@@ -217,6 +217,9 @@ pub struct ProcessState {
     /// Driver memory the process had mapped before a `--pid` attach (MindSpore's VMM handles,
     /// read from its memory), added to the device its pool first runs on.
     pub driver_before: u64,
+    /// A `--pid` attach to MindSpore without VMM: the driver memory its pool took before is
+    /// its own reserved bytes less those seen, counted at the first pool call that read them.
+    pub pool_reserved_unseen: bool,
     next_allocation_id: u64,
     step: u32,
     step_range: Option<u64>,

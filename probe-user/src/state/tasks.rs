@@ -94,6 +94,7 @@ mod tests {
             size: 512,
             addr: 0x10,
             pool_used: None,
+            pool_reserved: None,
         }
     }
 

@@ -1159,6 +1159,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             size: 512,
             addr: RANGE + 0x200,
             pool_used: None,
+            pool_reserved: None,
         };
         let rows = p.apply(&ev(1, alloc), 4, &o, None);
         assert!(
@@ -1262,6 +1263,7 @@ fn mapped_handles_are_the_segments_of_the_pool_blocks_in_them() {
             size: 3 << 20,
             addr: RANGE + 0x200,
             pool_used: None,
+            pool_reserved: None,
         };
         p.apply(&ev(1, alloc), 5, &o, None);
         if !map_first {
@@ -1372,9 +1374,41 @@ fn driver_memory_mapped_before_the_attach_counts_in_the_pools_total() {
         size: 512,
         addr,
         pool_used: None,
+        pool_reserved: None,
     };
     let rows = p.apply(&ev(1, alloc(0x1000)), 2, &o, None);
     assert_eq!(total_of(&rows).as_deref(), Some("8388608"));
     let rows = p.apply(&ev(1, alloc(0x2000)), 3, &o, None);
     assert_eq!(total_of(&rows).as_deref(), Some("8388608"));
+}
+
+/// `--pid` without VMM: the driver memory MindSpore's pool took before the attach is its own
+/// reserved bytes (read by the first pool probe) less the driver memory seen, counted once and
+/// only when the attach found VMM off (with VMM the counters hold the reserved address range).
+#[test]
+fn pool_reserved_before_the_attach_counts_in_the_pools_total_without_vmm() {
+    const GIB: u64 = 1 << 30;
+    let o = opts();
+    let total_of = |rows: &[Row]| {
+        rows.iter()
+            .find(|r| r.event_type == "MINDSPORE")
+            .and_then(|r| r.attr.split(',').find_map(|a| a.strip_prefix("total:")))
+            .map(str::to_string)
+    };
+    let alloc = |addr, pool_reserved| Call::MsPoolAlloc {
+        pool: 0x5555,
+        size: 512,
+        addr,
+        pool_used: None,
+        pool_reserved,
+    };
+    for (no_vmm, want) in [(true, GIB), (false, 0)] {
+        let mut p = ProcessState::new(100);
+        p.pool_reserved_unseen = no_vmm;
+        let rows = p.apply(&ev(1, alloc(0x1000, Some(GIB))), 2, &o, None);
+        assert_eq!(total_of(&rows), Some(want.to_string()), "no_vmm: {no_vmm}");
+        // Counted once: a later read (the same 1 GiB) adds nothing.
+        let rows = p.apply(&ev(1, alloc(0x2000, Some(GIB))), 3, &o, None);
+        assert_eq!(total_of(&rows), Some(want.to_string()), "no_vmm: {no_vmm}");
+    }
 }

@@ -573,7 +573,11 @@ impl Planner {
                 if let Some(cold) = obj.function(&format!("{}.cold", p.symbol)) {
                     parts.push((cold.file_offset, cold.size));
                 }
-                let cookie = p.id as u64 | ms_used_counter(host, &obj, p.id);
+                let (counters, warning) = ms_pool_counters(host, &obj, p.id);
+                if p.id == probes::ProbeId::MsAllocTensorMem {
+                    self.warnings.extend(warning);
+                }
+                let cookie = p.id as u64 | counters;
                 let attached = match placement::return_sites(host, &parts) {
                     Ok(sites) => {
                         self.debug.push(format!(
@@ -656,31 +660,56 @@ impl Planner {
     }
 }
 
-/// The cookie bits that tell a MindSpore pool probe where the pool counts its used bytes
-/// (`READ_CHAIN`; 0 for other probes, or when the getter is not the expected code).
-fn ms_used_counter(host: &Path, obj: &ElfObject, id: probes::ProbeId) -> u64 {
+/// The cookie bits that tell a MindSpore pool probe where the pool counts its used bytes and,
+/// without VMM, its reserved ones (`READ_CHAIN`; 0 for other probes, or when the used getter
+/// is not the expected code). The warning: why the reserved bytes are not read.
+fn ms_pool_counters(host: &Path, obj: &ElfObject, id: probes::ProbeId) -> (u64, Option<String>) {
+    use super::mindspore::{TOTAL_RESERVED, TOTAL_USED, reserved_counters, used_counter};
     if !matches!(
         id,
         probes::ProbeId::MsAllocTensorMem | probes::ProbeId::MsFreeTensorMem
     ) {
-        return 0;
+        return (0, None);
     }
-    obj.function(super::mindspore::TOTAL_USED)
-        .and_then(|getter| super::mindspore::used_counter(host, getter))
-        .map_or(0, |(member, counter)| {
-            ((member as u64) << 16 | counter as u64) << probe_common::COOKIE_HI_SHIFT
-        })
+    let Some((member, used)) = obj
+        .function(TOTAL_USED)
+        .and_then(|getter| used_counter(host, getter))
+    else {
+        return (0, None);
+    };
+    // Read only through the same member as `used`: one more pair in the same chained read.
+    let reserved = obj
+        .function(TOTAL_RESERVED)
+        .and_then(|getter| reserved_counters(host, getter))
+        .filter(|&(m, _, _)| m == member);
+    let sum = reserved.map(|(_, a, b)| (a as u64, b as u64));
+    let packed = probe_common::read_chain::pack(member as u64, used as u64, sum)
+        .or_else(|| probe_common::read_chain::pack(member as u64, used as u64, None));
+    let warning = (reserved.is_none()
+        || packed.is_some_and(|hi| probe_common::read_chain::sum(hi).is_none()))
+    .then(|| {
+        format!(
+            "{}: TotalMemStatistics() is not the code this tracer reads; MindSpore's \
+             total with --pid and VMM off counts only the driver memory taken after the attach",
+            host.display()
+        )
+    });
+    (
+        packed.map_or(0, |hi| (hi as u64) << probe_common::COOKIE_HI_SHIFT),
+        warning,
+    )
 }
 
 /// The symbols the planner reads from the object at `host`: the probed functions (looked up
 /// by hash, no pass over a large library's tables), the `.cold` parts of those whose returns
 /// are seen at their return instructions, every operator function of an op library, and the
-/// getter of MindSpore's pool counter (`ms_used_counter`).
+/// getters of MindSpore's pool counters (`ms_pool_counters`).
 fn planner_lookup(host: &Path) -> memscope_symbols::elf::Lookup<'static> {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     let names = NAMES.get_or_init(|| {
         let mut names: Vec<&'static str> = PROBES.iter().map(|p| p.symbol).collect();
         names.push(super::mindspore::TOTAL_USED);
+        names.push(super::mindspore::TOTAL_RESERVED);
         names.sort_unstable();
         names.dedup();
         names

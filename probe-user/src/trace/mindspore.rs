@@ -54,6 +54,76 @@ pub fn used_counter_in(code: &[u8]) -> Option<(u16, u16)> {
     None
 }
 
+/// `size_t AbstractDynamicMemPool::TotalMemStatistics() const`: `memory_reserved()`.
+pub const TOTAL_RESERVED: &str =
+    "_ZNK9mindspore6device22AbstractDynamicMemPool18TotalMemStatisticsEv";
+
+/// The pool's reserved bytes without VMM as (pointer member, the two counters summed behind
+/// it), from `TotalMemStatistics()`'s code; None when that branch is not found.
+pub fn reserved_counters(path: &Path, getter: &FunctionSymbol) -> Option<(u16, u16, u16)> {
+    if getter.size == 0 || getter.size > 4096 {
+        return None;
+    }
+    let mut code = vec![0u8; getter.size as usize];
+    File::open(path)
+        .ok()?
+        .read_exact_at(&mut code, getter.file_offset)
+        .ok()?;
+    reserved_counters_in(&code)
+}
+
+/// The branch without VMM (2.10: `mov 0xd8(%rbx),%rdx; mov 0x18(%rdx),%rax;
+/// add 0x10(%rdx),%rax`): a load of a member of `this` (`rdi`, or a register it was copied
+/// to), then, as the next two instructions, a load and an add through it into the return
+/// register. The VMM branch adds one counter to the virtual call's result: not this shape.
+pub fn reserved_counters_in(code: &[u8]) -> Option<(u16, u16, u16)> {
+    use iced_x86::{Code, Decoder, DecoderOptions, Instruction, OpKind, Register};
+    let mem = |insn: &Instruction, code: Code| {
+        (insn.code() == code
+            && insn.op1_kind() == OpKind::Memory
+            && insn.memory_index() == Register::None)
+            .then(|| (insn.memory_base(), insn.memory_displacement64()))
+    };
+    let insns: Vec<Instruction> = Decoder::with_ip(64, code, 0, DecoderOptions::NONE)
+        .into_iter()
+        .collect();
+    let mut this = vec![Register::RDI];
+    for (i, insn) in insns.iter().enumerate() {
+        // `mov %rdi,%rbx` (either encoding): `this` kept in a callee-saved register.
+        if matches!(insn.code(), Code::Mov_r64_rm64 | Code::Mov_rm64_r64)
+            && insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register
+            && insn.op1_register() == Register::RDI
+        {
+            this.push(insn.op0_register());
+        }
+        let Some((base, member)) = mem(insn, Code::Mov_r64_rm64) else {
+            continue;
+        };
+        if !this.contains(&base) {
+            continue;
+        }
+        let reg = insn.op0_register();
+        let (Some(load), Some(add)) = (insns.get(i + 1), insns.get(i + 2)) else {
+            return None;
+        };
+        if let (Some((b1, a)), Some((b2, b))) =
+            (mem(load, Code::Mov_r64_rm64), mem(add, Code::Add_r64_rm64))
+            && b1 == reg
+            && b2 == reg
+            && load.op0_register() == Register::RAX
+            && add.op0_register() == Register::RAX
+        {
+            return Some((
+                u16::try_from(member).ok()?,
+                u16::try_from(a).ok()?,
+                u16::try_from(b).ok()?,
+            ));
+        }
+    }
+    None
+}
+
 /// `size_t AbstractAscendMemoryPoolSupport::GetVmmUsedMemSize() const`
 /// (`plugin/ascend/libmindspore_ascend_res_manager.so`): with VMM on, the physical memory
 /// MindSpore mapped, which `memory_reserved()` adds to the pool's own statistics.
@@ -104,12 +174,21 @@ pub fn vmm_adapter_in(code: &[u8], ip: u64) -> Option<VmmAdapterRead> {
     None
 }
 
-/// The physical memory a running MindSpore process had mapped with VMM when the tracer
-/// attached (`--pid`): `memory_reserved()`'s VMM part, read once from its memory (read-only)
-/// through the adapter that `GetVmmUsedMemSize()` reads. Ok(None) when no Ascend plugin is
-/// loaded or the adapter was never made (VMM off, or not yet in use); Err says why the getter
-/// could not be read (then nothing is guessed).
-pub fn vmm_mapped_before(pid: u32) -> Result<Option<u64>, String> {
+/// What a running MindSpore process held on the device when the tracer attached (`--pid`),
+/// as its Ascend plugin's VMM adapter tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeAttach {
+    /// VMM in use: the physical memory mapped (`memory_reserved()`'s VMM part).
+    VmmMapped(u64),
+    /// The adapter was never made: VMM off, so the pool's own reserved counters, read by its
+    /// probes, are `memory_reserved()` (with VMM they count the reserved address range).
+    NoVmm,
+}
+
+/// What the process held before the attach, read once from its memory (read-only) through
+/// the adapter that `GetVmmUsedMemSize()` reads. Ok(None) when no Ascend plugin is loaded;
+/// Err says why the getter could not be read (then nothing is guessed).
+pub fn before_attach(pid: u32) -> Result<Option<BeforeAttach>, String> {
     const LIB: &str = "/libmindspore_ascend_res_manager.so";
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| e.to_string())?;
     let mappings: Vec<(u64, u64, u64, &str)> = maps
@@ -160,10 +239,10 @@ pub fn vmm_mapped_before(pid: u32) -> Result<Option<u64>, String> {
         Ok(u64::from_le_bytes(b))
     };
     if read(adapter.guard, 1)? == 0 {
-        return Ok(None);
+        return Ok(Some(BeforeAttach::NoVmm));
     }
     let (a, b) = (read(adapter.factors.0, 8)?, read(adapter.factors.1, 8)?);
-    Ok(a.checked_mul(b).filter(|&n| n > 0))
+    Ok(Some(BeforeAttach::VmmMapped(a.saturating_mul(b))))
 }
 
 #[cfg(test)]
@@ -190,6 +269,33 @@ mod tests {
             used_counter_in(&[0x48, 0x8b, 0x87, 0xd8, 0, 0, 0, 0xc3]),
             None
         );
+    }
+
+    #[test]
+    fn the_reserved_counters_of_mindspore_2_10() {
+        // TotalMemStatistics() of libmindspore_memory_pool.so (2.10.0, at 0x46320), up to
+        // the branch without VMM and its jmp back.
+        let code = [
+            0x53, 0x48, 0x89, 0xfb, 0x48, 0x83, 0xec, 0x10, 0x64, 0x48, 0x8b, 0x04, 0x25, 0x28,
+            0x00, 0x00, 0x00, 0x48, 0x89, 0x44, 0x24, 0x08, 0x31, 0xc0, 0x48, 0x8b, 0x07, 0x48,
+            0x8b, 0x80, 0x20, 0x01, 0x00, 0x00, 0x48, 0x3b, 0x05, 0x0f, 0x87, 0x07, 0x00, 0x75,
+            0x6d, 0x0f, 0xb6, 0x87, 0xe8, 0x00, 0x00, 0x00, 0x84, 0xc0, 0x74, 0x4a, 0x48, 0x8b,
+            0x03, 0x48, 0x8b, 0x78, 0xe8, 0x48, 0x01, 0xdf, 0x48, 0x8b, 0x07, 0x48, 0x8b, 0x90,
+            0xe0, 0x00, 0x00, 0x00, 0x31, 0xc0, 0x48, 0x3b, 0x15, 0x5d, 0x8a, 0x07, 0x00, 0x75,
+            0x4b, 0x48, 0x8b, 0x93, 0xd8, 0x00, 0x00, 0x00, 0x48, 0x03, 0x42, 0x18, 0x48, 0x8b,
+            0x4c, 0x24, 0x08, 0x64, 0x48, 0x33, 0x0c, 0x25, 0x28, 0x00, 0x00, 0x00, 0x75, 0x34,
+            0x48, 0x83, 0xc4, 0x10, 0x5b, 0xc3, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x48, 0x8b, 0x93, 0xd8, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x42, 0x18, 0x48,
+            0x03, 0x42, 0x10, 0xeb, 0xcf,
+        ];
+        assert_eq!(reserved_counters_in(&code), Some((0xd8, 0x18, 0x10)));
+        // Without the branch without VMM (cut before it): nothing, not the VMM branch's one
+        // counter.
+        assert_eq!(reserved_counters_in(&code[..0x80]), None);
+        // The add through another register than the loaded member: not this shape.
+        let mut other = code;
+        other[0x8d] = 0x43;
+        assert_eq!(reserved_counters_in(&other), None);
     }
 
     #[test]

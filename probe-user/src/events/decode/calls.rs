@@ -204,6 +204,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                 size: raw.args[1],
                 addr: if has_ret { raw.ret } else { 0 },
                 pool_used: ms_pool_used(raw, has_ret),
+                pool_reserved: ms_pool_reserved(raw, has_ret),
             },
             raw.ret_ts_ns,
         ),
@@ -218,6 +219,7 @@ pub(super) fn decode_call(raw: &RawEvent) -> Option<CallEvent> {
                     // A C++ bool: only the low byte of the return register is set.
                     freed: has_ret && raw.ret & 0xff != 0,
                     pool_used: ms_pool_used(raw, has_ret),
+                    pool_reserved: ms_pool_reserved(raw, has_ret),
                 },
                 raw.ts_ns,
             )
@@ -383,4 +385,12 @@ pub(super) fn id_wants_return(id: ProbeId) -> bool {
 /// cookie's upper bits, in `cpu`, say where; 0 when the tracer did not find the counter).
 fn ms_pool_used(raw: &RawEvent, has_ret: bool) -> Option<u64> {
     (has_ret && raw.cpu != 0 && raw.flags & event_flags::DEREF_FAULT == 0).then_some(raw.deref)
+}
+
+/// The reserved bytes a MindSpore pool probe read from the pool at its return (`READ_CHAIN`'s
+/// summed pair, when the cookie named one; `u64::MAX`: unreadable).
+fn ms_pool_reserved(raw: &RawEvent, has_ret: bool) -> Option<u64> {
+    let wanted = has_ret && probe_common::read_chain::sum(raw.cpu).is_some();
+    let sum = raw.args[probe_common::CHAIN_SUM_ARG];
+    (wanted && sum != u64::MAX).then_some(sum)
 }

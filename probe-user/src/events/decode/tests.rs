@@ -223,22 +223,36 @@ fn mindspore_pool_calls() {
             size: 1_049_088,
             addr: 0x6000_0000_0200,
             pool_used: None,
+            pool_reserved: None,
         }
     );
     // With the pool's counter found (the cookie's upper bits), its value read at the return;
     // none when the read faulted.
-    r.cpu = 0xd8 << 16;
+    r.cpu = probe_common::read_chain::pack(0xd8, 0, None).unwrap();
     r.deref = 5 << 20;
-    let used = |r: &RawEvent| match decode(r) {
+    let counts = |r: &RawEvent| match decode(r) {
         Some(Decoded::Call(CallEvent {
-            call: Call::MsPoolAlloc { pool_used, .. },
+            call:
+                Call::MsPoolAlloc {
+                    pool_used,
+                    pool_reserved,
+                    ..
+                },
             ..
-        })) => pool_used,
+        })) => (pool_used, pool_reserved),
         _ => panic!("AllocTensorMem does not decode"),
     };
-    assert_eq!(used(&r), Some(5 << 20));
+    // args[5] is a register's leftover when no reserved pair was asked for.
+    r.args[probe_common::CHAIN_SUM_ARG] = 0x1234;
+    assert_eq!(counts(&r), (Some(5 << 20), None));
+    // With the reserved pair too: their sum, in the last argument slot; u64::MAX: unreadable.
+    r.cpu = probe_common::read_chain::pack(0xd8, 0, Some((0x18, 0x10))).unwrap();
+    r.args[probe_common::CHAIN_SUM_ARG] = 1 << 30;
+    assert_eq!(counts(&r), (Some(5 << 20), Some(1 << 30)));
+    r.args[probe_common::CHAIN_SUM_ARG] = u64::MAX;
+    assert_eq!(counts(&r), (Some(5 << 20), None));
     r.flags |= event_flags::DEREF_FAULT;
-    assert_eq!(used(&r), None);
+    assert_eq!(counts(&r).0, None);
     let mut f = call_raw(ProbeId::MsFreeTensorMem);
     f.args = [0x5555_0000, 0x7ffc_0000, 0, 0, 0, 0];
     f.data_len = 8;
@@ -256,6 +270,7 @@ fn mindspore_pool_calls() {
                 addr: 0x6000_0000_0200,
                 freed,
                 pool_used: None,
+                pool_reserved: None,
             }
         );
     }
