@@ -13,7 +13,6 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use common::*;
@@ -181,14 +180,7 @@ fn attach(venv: &Path, dir: &Path, mode: Mode) -> Run {
     let mut tracer = Background::spawn(&args);
     tracer.wait_for("attached to pid", 120);
     fs::write(&go, b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while target.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the traced script did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(&mut target, 300);
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     Run::read(&out_dir, fs::read_to_string(&log).unwrap(), stderr)
@@ -475,23 +467,6 @@ fn real_cuda_torch_expandable_segments() {
     check_decompose(&run, "--pid, expandable segments");
 }
 
-/// A `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our paths
-/// and names) as msMemScope's text, innermost first.
-fn stack_text(line: &str) -> String {
-    let json = line.split_once(" stack=").expect("stack field").1;
-    let json = json.split(' ').next().unwrap();
-    json.trim_start_matches("[[")
-        .trim_end_matches("]]")
-        .split("],[")
-        .map(|f| {
-            let parts: Vec<&str> = f.split(',').collect();
-            assert_eq!(parts.len(), 3, "frame {f:?}");
-            let (file, func) = (parts[0].trim_matches('"'), parts[2].trim_matches('"'));
-            format!("{file}({}): {func}\n", parts[1])
-        })
-        .collect()
-}
-
 /// Every PTA row of a tensor the script made or dropped carries the script's own Python stack
 /// on that line, exactly (the script's stack is shallower than the 16 frames kept).
 fn check_python_stacks(run: &Run, what: &str) {
@@ -512,7 +487,7 @@ fn check_python_stacks(run: &Run, what: &str) {
             .unwrap_or_else(|| panic!("{what}: no PTA {event} row for {line}\n{}", run.stderr));
         let i = next + pos;
         next = i + 1;
-        let want = stack_text(line);
+        let want = log_stack_text(line);
         assert!(
             want.starts_with(&format!("{script_file}(")),
             "{what}: {want}"

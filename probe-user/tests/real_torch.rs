@@ -14,7 +14,6 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use common::*;
@@ -107,14 +106,7 @@ fn attach(venv: &Path, dir: &Path) -> Run {
         Background::spawn(&["-o", out_dir.to_str().unwrap(), "--pid", &pid.to_string()]);
     tracer.wait_for("attached to pid", 120);
     fs::write(&go, b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while target.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the traced script did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(&mut target, 300);
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     Run {

@@ -13,7 +13,6 @@ use std::{
     fs,
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use common::*;
@@ -164,43 +163,10 @@ fn attach(venv: &Path, dir: &Path, call_stack: &str) -> Run {
     ]);
     tracer.wait_for("attached to pid", 120);
     fs::write(&go, b"").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while target.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the traced script did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_exit(&mut target, 300);
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     Run::read(&out_dir, fs::read_to_string(&log).unwrap(), stderr)
-}
-
-/// A `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our
-/// paths and names) as msMemScope's text, innermost first.
-fn stack_text(line: &str) -> String {
-    let json = line
-        .split_once(" stack=")
-        .expect("stack field")
-        .1
-        .split(' ')
-        .next()
-        .unwrap();
-    json.trim_start_matches("[[")
-        .trim_end_matches("]]")
-        .split("],[")
-        .map(|f| {
-            let parts: Vec<&str> = f.split(',').collect();
-            assert_eq!(parts.len(), 3, "frame {f:?}");
-            let line: u32 = parts[1].parse().unwrap();
-            format!(
-                "{}({line}): {}\n",
-                parts[0].trim_matches('"'),
-                parts[2].trim_matches('"')
-            )
-        })
-        .collect()
 }
 
 /// Checks every row made on a line the script recorded against the script's own stack;
@@ -235,7 +201,7 @@ fn check(run: &Run, what: &str, mixed: Option<u64>) -> (usize, usize) {
         };
         let i = next + pos;
         next = i + 1;
-        let want = stack_text(line);
+        let want = log_stack_text(line);
         assert!(
             want.starts_with(&format!("{script_file}(")),
             "{}",
@@ -330,7 +296,7 @@ fn check(run: &Run, what: &str, mixed: Option<u64>) -> (usize, usize) {
         .find(|l| l.starts_with("EMPTY_CACHE "))
         .unwrap();
     let fields = log_fields(empty);
-    let below = stack_text(empty);
+    let below = log_stack_text(empty);
     let (code_file, rest) = fields["code"].split_once(':').unwrap();
     let (code_name, lines) = rest.split_once(':').unwrap();
     let (first, last) = lines.split_once('-').unwrap();

@@ -29,12 +29,9 @@ pub fn enabled() -> bool {
 }
 
 pub fn venv() -> Result<PathBuf> {
-    let cache = match std::env::var_os("MEMSCOPE_BPF_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/memscope-bpf"),
-    };
-    Ok(cache.join("mindspore").join(format!("venv-{MINDSPORE}")))
+    Ok(crate::torch_bed::cache_root()?
+        .join("mindspore")
+        .join(format!("venv-{MINDSPORE}")))
 }
 
 pub fn installed() -> bool {

@@ -101,12 +101,17 @@ pub fn enabled() -> bool {
     std::env::var("MEMSCOPE_TORCH_BED").map_or(true, |v| v != "off")
 }
 
-pub fn cache_dir() -> Result<PathBuf> {
+/// Where the test beds live: `$MEMSCOPE_BPF_CACHE`, default `~/.cache/memscope-bpf`.
+pub fn cache_root() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MEMSCOPE_BPF_CACHE") {
-        return Ok(PathBuf::from(dir).join("venvs"));
+        return Ok(PathBuf::from(dir));
     }
     let home = std::env::var_os("HOME").context("HOME is not set")?;
-    Ok(PathBuf::from(home).join(".cache/memscope-bpf/venvs"))
+    Ok(PathBuf::from(home).join(".cache/memscope-bpf"))
+}
+
+pub fn cache_dir() -> Result<PathBuf> {
+    Ok(cache_root()?.join("venvs"))
 }
 
 /// The venv directory of one release.

@@ -34,12 +34,13 @@ impl TaskStacks {
     pub fn carry(&mut self, ev: &CallEvent, own: &mut Option<Arc<str>>) {
         // Without Python stacks (`own` None) there is nothing to carry.
         let Some(stack) = own.as_ref() else { return };
-        let inherited = (!has_frames(stack))
+        let framed = has_frames(stack);
+        let inherited = (!framed)
             .then(|| self.running.get(&ev.tid).cloned())
             .flatten();
         match &ev.call {
             Call::MsTaskPush { task } => {
-                let carried = if has_frames(stack) {
+                let carried = if framed {
                     Some(stack.clone())
                 } else {
                     inherited

@@ -645,6 +645,44 @@ pub fn log_lines<'a>(
         .collect()
 }
 
+/// A ground-truth log line's `stack=[["file",line,"function"],...]` field (the script's JSON; no escapes in our
+/// paths and names) as msMemScope's text, innermost first.
+pub fn log_stack_text(line: &str) -> String {
+    let json = line
+        .split_once(" stack=")
+        .expect("stack field")
+        .1
+        .split(' ')
+        .next()
+        .unwrap();
+    json.trim_start_matches("[[")
+        .trim_end_matches("]]")
+        .split("],[")
+        .map(|f| {
+            let parts: Vec<&str> = f.split(',').collect();
+            assert_eq!(parts.len(), 3, "frame {f:?}");
+            let line: u32 = parts[1].parse().unwrap();
+            format!(
+                "{}({line}): {}\n",
+                parts[0].trim_matches('"'),
+                parts[2].trim_matches('"')
+            )
+        })
+        .collect()
+}
+
+/// Waits (at most `secs`) for the traced script to exit.
+pub fn wait_for_exit(target: &mut std::process::Child, secs: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while target.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the traced script did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// `0x1f` or `1f` as a number.
 pub fn hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
