@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Puts the simulated CUDA (tests/fixtures/cuda, `make -C tests/fixtures cuda`) into a venv of
 PyPI's CUDA torch, where the wheel's DT_RPATH looks (`site-packages/nvidia/cuda_runtime/lib`:
-LD_LIBRARY_PATH cannot override an RPATH), NVTX where its wheel puts it (`nvidia/nvtx/lib`), and stubs for the other nvidia libraries torch links
+LD_LIBRARY_PATH cannot override an RPATH), and stubs for the other nvidia libraries torch links
+(NVTX is NVIDIA's own `nvidia-nvtx-cu12` wheel, installed by xtask/src/cuda_bed.rs)
 (cublas, cudnn, nccl, ...: tests/tools/cuda_absent.py, which returns success from them). Checks
 that the simulated runtime defines every `cuda*` name torch imports from libcudart.so.12 (a
 new torch release that needs more fails here, by name, not at import).
@@ -25,8 +26,7 @@ def names(path, *flags):
 def main():
     site, built = sys.argv[1], sys.argv[2]
     lib_dir = os.path.join(site, "nvidia", "cuda_runtime", "lib")
-    for name, package in [("libcudart.so.12", "cuda_runtime"), ("libcuda.so.1", "cuda_runtime"),
-                          ("libnvToolsExt.so.1", "nvtx")]:
+    for name, package in [("libcudart.so.12", "cuda_runtime"), ("libcuda.so.1", "cuda_runtime")]:
         os.makedirs(os.path.join(site, "nvidia", package, "lib"), exist_ok=True)
         src, dst = os.path.join(built, name), os.path.join(site, "nvidia", package, "lib", name)
         if not (os.path.exists(dst) and filecmp.cmp(src, dst, shallow=False)):

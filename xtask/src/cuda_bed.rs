@@ -4,7 +4,8 @@
 //! dependencies are several GB of GPU code that cannot run here) beside the few pure-Python
 //! packages `import torch` needs. A finished venv holds a `.memscope-ready` marker.
 //!
-//! Instead of NVIDIA's libraries the venv gets the simulated CUDA runtime and driver built by
+//! NVIDIA's NVTX library is the real one (`nvidia-nvtx-cu12`, no GPU code in it). Instead of
+//! NVIDIA's other libraries the venv gets the simulated CUDA runtime and driver built by
 //! the fixtures (`make -C tests/fixtures cuda`: device memory is host memory, kernel launches do
 //! nothing) where the wheel's DT_RPATH finds them (`site-packages/nvidia/cuda_runtime/lib`), and
 //! stubs for cublas, cudnn, nccl, ... (tests/tools/cuda_bed.py). The bed check then makes a
@@ -24,6 +25,10 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 pub const TORCH: &str = "2.8.0";
+/// NVIDIA's own NVTX library, the release torch 2.8.0 pins (a 36 KB wheel with no GPU code):
+/// the real `libnvToolsExt.so.1`, whose lazy first call the tests must see as it is.
+const NVTX_WHEEL: &str = "nvidia-nvtx-cu12==12.8.90";
+const NVTX_DIST_INFO: &str = "nvidia_nvtx_cu12-12.8.90.dist-info";
 /// The environment variable the tests read the venv from.
 pub const VENV_ENV: &str = "MEMSCOPE_CUDA_VENV";
 const READY_MARKER: &str = ".memscope-ready";
@@ -85,10 +90,21 @@ pub fn prepare(repo: &Path) -> Result<String> {
             .args(TORCH_DEPS))?;
         fs::write(dir.join(READY_MARKER), format!("torch=={TORCH}\n"))?;
     }
+    let site = dir.join("lib/python3.11/site-packages");
+    if !site.join(NVTX_DIST_INFO).is_dir() {
+        // Beds made before NVTX was NVIDIA's own get it here too.
+        run(Command::new(dir.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--no-deps",
+            NVTX_WHEEL,
+        ]))?;
+    }
     run(Command::new("make")
         .current_dir(repo)
         .args(["-s", "-C", "tests/fixtures", "cuda"]))?;
-    let site = dir.join("lib/python3.11/site-packages");
     run(Command::new("python3")
         .arg(repo.join("tests/tools/cuda_bed.py"))
         .arg(&site)

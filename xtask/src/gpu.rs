@@ -10,8 +10,8 @@
 //! 3. The overhead on a training step: tests/fixtures/python/torch_cuda_step_time.py untraced
 //!    and traced, side by side, written to target/test-gpu/step_time.txt.
 //!
-//! Not yet run on real hardware (README says so); the first run that passes should record the
-//! date, the GPU and the step times in docs/.
+//! `MEMSCOPE_CUDA_VENV=<venv with a CUDA torch>` uses that venv instead (a GPU machine without
+//! network). The runs on real hardware are recorded in docs/cuda-hardware.md.
 
 use std::{
     fs,
@@ -44,8 +44,16 @@ pub fn run(repo: &Path) -> Result<u8> {
     };
     println!("[test-gpu] GPU: {gpus}");
     let ready = crate::setup::run(repo, &crate::setup::Options::default())?;
-    let dir = venv()?;
-    if !dir.join(".memscope-ready").is_file() {
+    // A GPU machine often has its own CUDA torch and no network: MEMSCOPE_CUDA_VENV names it.
+    let own = std::env::var_os(cuda_bed::VENV_ENV).map(PathBuf::from);
+    let dir = match &own {
+        Some(dir) => dir.clone(),
+        None => venv()?,
+    };
+    if own.is_some() && !dir.join("bin/python").is_file() {
+        bail!("{}={} has no bin/python", cuda_bed::VENV_ENV, dir.display());
+    }
+    if own.is_none() && !dir.join(".memscope-ready").is_file() {
         println!(
             "[test-gpu] installing torch=={} with its nvidia-* wheels into {} (~4 GB once)",
             cuda_bed::TORCH,
@@ -96,9 +104,8 @@ pub fn run(repo: &Path) -> Result<u8> {
             .arg(&script),
     )?;
     let report = format!(
-        "GPU: {gpus}\ntorch {} (PyPI, CUDA 12.8 wheels)\nuntraced: {untraced}\ntraced:   \
-         {traced}\n",
-        cuda_bed::TORCH
+        "GPU: {gpus}\npython: {}\nuntraced: {untraced}\ntraced:   {traced}\n",
+        python.display()
     );
     let results = repo.join("target/test-gpu");
     fs::create_dir_all(&results)?;

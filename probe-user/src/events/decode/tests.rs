@@ -453,9 +453,8 @@ fn cuda_calls() {
         (u.ptr, u.size, u.device_index, u.reserved),
         (0x9000, -512, 2, 1 << 21)
     );
-    // NVTX: the pushed message, and a pop.
+    // NVTX: the pushed message (a call with its return), and a pop (entry only).
     let mut r = call_raw(ProbeId::NvtxRangePushA);
-    r.flags = 0;
     r.data[..10].copy_from_slice(b"step start");
     r.data_len = 10;
     let Some(Decoded::Call(c)) = decode(&r) else {

@@ -126,12 +126,15 @@ pub const PROBES: [ProbeDef; 18] = [
         home: Home::Library(DRIVER_LIBRARY),
         spec: keeping(spec(sf::WANTS_RETURN, 0, 0, 0), &[0]),
     },
-    // int nvtxRangePushA(const char *message): the message is copied at entry.
+    // int nvtxRangePushA(const char *message): the message is copied at entry. A call, not
+    // an entry-only mark: NVIDIA's library sends the process's first NVTX call through a lazy
+    // initialiser that tail-jumps back into nvtxRangePushA, so that push enters twice at one
+    // stack pointer and returns once; pairing entry with return counts it once.
     ProbeDef {
         id: ProbeId::NvtxRangePushA,
         symbol: "nvtxRangePushA",
         home: Home::Library(NVTX_LIBRARY),
-        spec: spec(sf::DATA_IS_STRING, 0, 0, 0),
+        spec: spec(sf::WANTS_RETURN | sf::DATA_IS_STRING, 0, 0, 0),
     },
     // int nvtxRangePop(void): ends the thread's innermost range.
     ProbeDef {
