@@ -1,7 +1,8 @@
 //! `memscope-bpf agent`: the always-on node agent.
 //!
-//! One agent per node traces every process that maps the Ascend libraries, those running when
-//! it starts and those started later, and serves what it knows over HTTP:
+//! One agent per node traces every process that maps a probed library (CANN, torch_npu,
+//! MindSpore, CUDA), those running when it starts and those started later, and serves what it
+//! knows over HTTP:
 //!
 //! * discovery: every process on the host joins the BPF traced set (existing ones now, new
 //!   ones through the fork tracepoint), so exec and shared-object opens of every process reach

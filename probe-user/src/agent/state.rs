@@ -247,7 +247,7 @@ fn tracked_entry<'a>(
             .processes_seen
             .fetch_add(1, Ordering::Relaxed);
         log::info(&format!(
-            "picked up pid {pid} ({comm}): it called a probed Ascend library"
+            "picked up pid {pid} ({comm}): it called a probed library"
         ));
         Tracked {
             comm,

@@ -283,11 +283,13 @@ pub enum Sub {
     /// HTML report (and Perfetto, folded, speedscope files) of a run, or of two compared
     #[command(args_override_self = true)]
     Report(ReportArgs),
-    /// Node agent for Prometheus and pprof, tracing every process using the Ascend libraries
+    /// Node agent for Prometheus and pprof, tracing every process using the probed libraries
     ///
-    /// memscope-bpf agent: an always-on node agent. Traces every process on the host that maps the
-    /// Ascend libraries (those running now and those started later), keeps per-process, per-device
-    /// memory state, and serves it to Prometheus (/metrics) and pprof tools (/debug/pprof/heap).
+    /// memscope-bpf agent: an always-on node agent. Traces every process on the host that calls
+    /// a probed library (CANN and torch_npu on Ascend, MindSpore's pool, the CUDA runtime and
+    /// torch's c10 on NVIDIA; those running now and those started later), keeps per-process,
+    /// per-device memory state, and serves it to Prometheus (/metrics) and pprof tools
+    /// (/debug/pprof/heap).
     #[command(
         after_help = crate::agent::options::ENDPOINTS,
         verbatim_doc_comment,
