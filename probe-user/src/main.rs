@@ -226,6 +226,7 @@ fn run(opts: Options) -> Result<u8> {
     planner.hold_at_python_exit =
         python_depth.is_some() && matches!(opts.mode, Mode::Launch { .. });
     planner.scope = bpf::probe_scope();
+    planner.trace_ops = opts.dump_events.launch && opts.levels.op;
     if planner.scope == bpf::Scope::Traced && matches!(opts.mode, Mode::Launch { .. }) {
         // Each new process gets its own probes; hold it until they are in place.
         bpf.hold_children();

@@ -18,7 +18,7 @@ mod common;
 use std::{path::PathBuf, process::Command};
 
 use common::repo_root;
-use memscope_bpf::trace::torch_npu::{UsageLayout, locate};
+use memscope_bpf::trace::torch_npu::{Probes, UsageLayout, locate};
 
 /// One row of the independent reading.
 struct Expected {
@@ -163,6 +163,7 @@ fn check_matrix(platform: &str, test: &str) {
         return;
     }
     let mut wrong = Vec::new();
+    let mut left_out = Vec::new();
     for e in &matrix {
         let lib = cache().join(format!(
             "{}/{}/torch_npu/lib/libtorch_npu.so",
@@ -180,10 +181,27 @@ fn check_matrix(platform: &str, test: &str) {
                         (e.file_offset, e.layout, e.callers)
                     ));
                 }
+                // The probes go on the call sites, each direct call either probed or a
+                // BLOCK_FREE-only site left out: as many as the reading's direct calls.
+                match &site.probes {
+                    Probes::CallSites { sites, block_free }
+                        if sites.len() + block_free == e.callers =>
+                    {
+                        left_out.push(format!("{}:{block_free}", e.version))
+                    }
+                    other => wrong.push(format!(
+                        "{}: probes {other:x?}, the reading has {} direct calls",
+                        e.version, e.callers
+                    )),
+                }
             }
             Err(why) => wrong.push(format!("{}: not located: {why:#}", e.version)),
         }
     }
+    eprintln!(
+        "BLOCK_FREE-only call sites left unprobed: {}",
+        left_out.join(" ")
+    );
     assert!(
         wrong.is_empty(),
         "{} of {} releases differ:\n{}",

@@ -75,6 +75,9 @@ pub trait Isa {
     fn direct_calls(&self, code: &[u8], address: u64, target: u64) -> Vec<u64>;
     /// The direct calls of one function (its whole code), each with its stores.
     fn call_sites(&self, code: &[u8], address: u64) -> Vec<CallSite>;
+    /// The direct jumps (conditional or not) to `target`: tail calls, which reach a function
+    /// without a call instruction.
+    fn direct_jumps(&self, code: &[u8], address: u64, target: u64) -> Vec<u64>;
 }
 
 impl Image {
@@ -200,6 +203,30 @@ impl Image {
             .code_sections()
             .flat_map(|(address, code)| isa.direct_calls(code, address, target))
             .collect())
+    }
+
+    /// Addresses of the direct jumps to `target` (tail calls).
+    pub fn direct_jumps_to(&self, target: u64) -> Result<Vec<u64>> {
+        let isa = self.isa()?;
+        Ok(self
+            .code_sections()
+            .flat_map(|(address, code)| isa.direct_jumps(code, address, target))
+            .collect())
+    }
+
+    /// True when a dynamic relocation puts `target` in memory (a function pointer in a table
+    /// or a vtable: the function is then reached by indirect calls too).
+    pub fn relocated_to(&self, target: u64) -> bool {
+        let Ok(file) = ElfFile64::<object::Endianness>::parse(&self.data[..]) else {
+            return false;
+        };
+        file.dynamic_relocations()
+            .into_iter()
+            .flatten()
+            .any(|(_, r)| {
+                r.addend() as u64 == target
+                    && matches!(r.target(), object::RelocationTarget::Absolute)
+            })
     }
 
     /// The direct calls of the function at `start` (`len` bytes) with their stores.

@@ -232,6 +232,8 @@ fn trace(
     let mut planner = Planner::new(opts.libs.clone());
     planner.scope = Scope::AllProcesses;
     planner.remember_searches = true;
+    // The agent writes no OP_LAUNCH rows.
+    planner.trace_ops = false;
     planner.attach_explicit(&mut bpf)?;
 
     // Every process joins the traced set; the fork tracepoint adds their future children.

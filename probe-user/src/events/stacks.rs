@@ -313,8 +313,50 @@ const MIXED_UNWIND_LIMIT: usize = 1000;
 /// Distinct stacks kept before the cache is emptied.
 const STACK_TEXTS_LIMIT: usize = 100_000;
 
-fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: usize) -> Arc<str> {
+/// The sample a probe at the callee's entry would have taken, for a sample taken at a probed
+/// call instruction (torch_npu's report call sites): the call made, its return address pushed
+/// (x86-64) or in the link register (aarch64), the pc at the callee. So the stack reads the
+/// same wherever the probe sits: the callee innermost, then its caller.
+fn as_if_called(job: &Job) -> Option<StackSample> {
     let s = &job.sample;
+    if job.at_return {
+        return None;
+    }
+    let at = job.view.lookup(s.ip)?;
+    let module = at.module()?;
+    let target_offset = crate::trace::torch_npu::call_site_target(module.inode, at.file_offset)?;
+    let target =
+        s.ip.wrapping_add(target_offset.wrapping_sub(at.file_offset));
+    // Both in the same mapping of the same file, as code of one object is.
+    let callee = job.view.lookup(target)?;
+    if callee.file_offset != target_offset
+        || !callee
+            .module()
+            .is_some_and(|m| Arc::ptr_eq(m, module) || m.inode == module.inode)
+    {
+        return None;
+    }
+    let mut called = s.clone();
+    called.ip = target;
+    if let Some(first) = called.fp_frames.first_mut() {
+        *first = target;
+    }
+    match Arch::HOST {
+        Arch::X86_64 => {
+            // `call rel32` is 5 bytes; its return address goes below the stack pointer.
+            let ret = s.ip + 5;
+            called.sp = s.sp - 8;
+            called.stack = ret.to_le_bytes().to_vec();
+            called.stack.extend_from_slice(&s.stack);
+        }
+        Arch::Aarch64 => called.lr = s.ip + 4,
+    }
+    Some(called)
+}
+
+fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: usize) -> Arc<str> {
+    let called = as_if_called(job);
+    let s = called.as_ref().unwrap_or(&job.sample);
     let regs = Regs {
         pc: s.ip,
         sp: s.sp,

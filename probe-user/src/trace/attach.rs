@@ -71,6 +71,10 @@ pub struct Planner {
     pub hold_at_python_exit: bool,
     /// Which processes the probes fire in.
     pub scope: Scope,
+    /// Probe the op libraries' operator functions (`aclnn*`): only when their OP_LAUNCH rows
+    /// are written (`--events` with launch, `--level` with op), since each call costs the
+    /// traced thread two traps (entry and return).
+    pub trace_ops: bool,
     /// torch_npu libraries analysed, by file identity (the analysis reads the whole file).
     torch_npu_sites: HashMap<FileId, Result<torch_npu::ReportSite, String>>,
     /// The node agent (which sees every exec on the host): a directory searched for the known
@@ -101,6 +105,7 @@ impl Planner {
             hold_at_exit: false,
             hold_at_python_exit: false,
             scope: Scope::AllProcesses,
+            trace_ops: true,
             torch_npu_sites: HashMap::new(),
             remember_searches: false,
             searched: HashMap::new(),
@@ -613,7 +618,7 @@ impl Planner {
                 Err(e) => self.warnings.push(format!("{e:#}")),
             }
         }
-        if aclnn::is_op_library(&file_name) {
+        if self.trace_ops && aclnn::is_op_library(&file_name) {
             let ops = self.attach_op_api(bpf, host, shown, &obj);
             if ops > 0 {
                 symbols.push("aclnn*");

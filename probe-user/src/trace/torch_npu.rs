@@ -24,15 +24,24 @@
 //!    moved `data_type` to +3). The free call sites settle which one this build has: each
 //!    stores `data_type = FREE (1)` either at `B+2` (original) or at `B+3` after a 0 at `B+2`.
 //!
+//! 4. the probes go on the report's call sites rather than its entry: each site's own stores
+//!    say which report it makes, and the sites that only ever make BLOCK_FREE reports (one per
+//!    freed block, no row needs it) get no probe, so those calls never trap. A site whose
+//!    stores say nothing certain is probed (BPF still drops a BLOCK_FREE by its `data_type`).
+//!    When the function is reached other than by direct calls (a jump to it, its address
+//!    loaded or stored), or a call candidate does not decode as a call, the probe stays at
+//!    the entry.
+//!
 //! Anything unexpected (no string, candidates that disagree, a store pattern that fits neither
 //! layout) makes [`locate`] fail with the reason: the caller says so once and traces the rest
 //! (HAL) without framework rows, never reading fields it is not sure of. What the function then
 //! receives is checked too ([`MemoryUsage::decode`]).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     fmt,
     path::{Path, PathBuf},
+    sync::{OnceLock, RwLock},
 };
 
 use anyhow::{Result, bail};
@@ -82,8 +91,20 @@ pub struct ReportSite {
     pub layout: UsageLayout,
     /// Direct calls of it in the library (8 in the 2.8 source: every allocator event).
     pub callers: usize,
+    /// Where its probes go.
+    pub probes: Probes,
     /// `torch_npu.__version__` from the wheel's `version.py` beside the library, if present.
     pub version: Option<String>,
+}
+
+/// Where the report function's probes go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probes {
+    /// At its entry: it is reached other than by direct calls, or a call did not decode.
+    Entry,
+    /// At its direct calls (file offsets of the call instructions) that may report a MALLOC
+    /// or FREE; `block_free` more call only ever report BLOCK_FREE and are left unprobed.
+    CallSites { sites: Vec<u64>, block_free: usize },
 }
 
 /// True for `libtorch_npu.so` (and versioned names of it).
@@ -127,8 +148,61 @@ pub fn locate(path: &Path) -> Result<ReportSite> {
         file_offset,
         layout,
         callers,
+        probes: probe_sites(&image, target, layout)?,
         version: wheel_version(path),
     })
+}
+
+/// The call sites to probe instead of the entry, or [`Probes::Entry`] when the calls may not
+/// all be direct ones.
+fn probe_sites(image: &Image, target: u64, layout: UsageLayout) -> Result<Probes> {
+    if !image.direct_jumps_to(target)?.is_empty()
+        || !image.address_loads(target)?.is_empty()
+        || image.relocated_to(target)
+    {
+        return Ok(Probes::Entry);
+    }
+    let data_type_at = match layout {
+        UsageLayout::Original => 2,
+        UsageLayout::WithComponent => 3,
+    };
+    let (mut sites, mut block_free) = (Vec::new(), 0);
+    for at in image.direct_calls_to(target)? {
+        // The byte scan may find a call's bytes inside another instruction: only a call that
+        // decodes as one in its function is a site (a probe there must start an instruction).
+        let site = image
+            .function_bounds(at)
+            .and_then(|(start, len)| image.call_sites(start, len).ok())
+            .and_then(|calls| calls.into_iter().find(|c| c.at == at && c.target == target));
+        let (Some(site), Some(offset)) = (site, image.file_offset(at)) else {
+            return Ok(Probes::Entry);
+        };
+        if stored_data_type(&site, data_type_at) == Some(BLOCK_FREE) {
+            block_free += 1;
+        } else {
+            sites.push(offset);
+        }
+    }
+    if sites.is_empty() {
+        return Ok(Probes::Entry);
+    }
+    Ok(Probes::CallSites { sites, block_free })
+}
+
+/// The `data_type` a call site's own stores give its `MemoryUsage` (the byte at
+/// `data_type_at` past the `device_type = PrivateUse1` store), when they say it.
+fn stored_data_type(site: &CallSite, data_type_at: i64) -> Option<u8> {
+    let (base, at) = site
+        .stores
+        .iter()
+        .rev()
+        .find(|s| s.width == 1 && s.value == Some(PRIVATE_USE1))
+        .map(|s| (s.base, s.offset))?;
+    site.stores
+        .iter()
+        .rev()
+        .find(|s| s.base == base && s.offset == at + data_type_at)
+        .and_then(|s| s.value)
 }
 
 /// A direct call that follows the store of `device_type = PrivateUse1`.
@@ -242,10 +316,26 @@ fn cached(cache: &Path, key: &str) -> Option<ReportSite> {
             _ => return None,
         };
         let callers = f.next()?.parse().ok()?;
+        // Lines written before the call sites were probed have none: located again.
+        let probes = match f.next()? {
+            "entry" => Probes::Entry,
+            sites => {
+                let (block_free, sites) = sites.strip_prefix("sites:")?.split_once(':')?;
+                let sites = sites
+                    .split(',')
+                    .map(|s| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok())
+                    .collect::<Option<Vec<u64>>>()?;
+                Probes::CallSites {
+                    sites,
+                    block_free: block_free.parse().ok()?,
+                }
+            }
+        };
         Some(ReportSite {
             file_offset,
             layout,
             callers,
+            probes,
             version: None,
         })
     })
@@ -257,8 +347,23 @@ fn remember(cache: &Path, key: &str, site: &ReportSite) {
         UsageLayout::Original => "original",
         UsageLayout::WithComponent => "with_component",
     };
+    let probes = match &site.probes {
+        Probes::Entry => "entry".to_owned(),
+        Probes::CallSites { sites, block_free } => format!(
+            "sites:{block_free}:{}",
+            sites
+                .iter()
+                .map(|s| format!("{s:#x}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    };
     if let Some(mut f) = disk_cache::open_append(cache) {
-        let _ = writeln!(f, "{key} {:#x} {layout} {}", site.file_offset, site.callers);
+        let _ = writeln!(
+            f,
+            "{key} {:#x} {layout} {} {probes}",
+            site.file_offset, site.callers
+        );
     }
 }
 
@@ -320,6 +425,29 @@ pub const fn probe_spec(data_type_at: u32) -> probe_common::ProbeSpec {
         skip_value: BLOCK_FREE as u32,
         ..crate::trace::probes::NONE
     }
+}
+
+/// The probed call sites of every library attached so far: (inode, call instruction's file
+/// offset) -> the report function's file offset. The stack of a call seen at its call site is
+/// unwound as if the call had been made ([`call_site_target`]).
+fn call_sites() -> &'static RwLock<HashMap<(u64, u64), u64>> {
+    static SITES: OnceLock<RwLock<HashMap<(u64, u64), u64>>> = OnceLock::new();
+    SITES.get_or_init(Default::default)
+}
+
+/// Remembers the call sites probed in the file with inode `ino`, which call `target`.
+pub fn register_call_sites(ino: u64, sites: &[u64], target: u64) {
+    let mut map = call_sites().write().unwrap_or_else(|e| e.into_inner());
+    for at in sites {
+        map.insert((ino, *at), target);
+    }
+}
+
+/// The report function's file offset when `file_offset` of the file with inode `ino` is one
+/// of its probed call sites.
+pub fn call_site_target(ino: u64, file_offset: u64) -> Option<u64> {
+    let map = call_sites().read().unwrap_or_else(|e| e.into_inner());
+    map.get(&(ino, file_offset)).copied()
 }
 
 /// Blocks of both allocators lie on device memory aligned at least this much.
@@ -433,8 +561,16 @@ mod tests {
             file_offset: 0x32f42a0,
             layout: UsageLayout::WithComponent,
             callers: 8,
+            probes: Probes::CallSites {
+                sites: vec![0xcc9a5a, 0xcd06f8],
+                block_free: 1,
+            },
             version: None,
         };
+        assert_eq!(cached(&cache, "1 2 3 4"), None);
+        // A line of a build that probed the entry only, without the probes field: not used.
+        std::fs::write(&cache, "1 2 3 4 0x32f42a0 with_component 8\n").unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(cached(&cache, "1 2 3 4"), None);
         remember(&cache, "1 2 3 4", &site);
         remember(
@@ -442,13 +578,15 @@ mod tests {
             "1 2 3 5",
             &ReportSite {
                 layout: UsageLayout::Original,
+                probes: Probes::Entry,
                 ..site.clone()
             },
         );
         assert_eq!(cached(&cache, "1 2 3 4"), Some(site.clone()));
+        let other = cached(&cache, "1 2 3 5").unwrap();
         assert_eq!(
-            cached(&cache, "1 2 3 5").unwrap().layout,
-            UsageLayout::Original
+            (other.layout, other.probes),
+            (UsageLayout::Original, Probes::Entry)
         );
         assert_eq!(cached(&cache, "1 2 3"), None, "a key is whole words");
         // Writable by others: not trusted, not read.

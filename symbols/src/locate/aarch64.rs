@@ -39,6 +39,20 @@ fn bl_target(w: u32, pc: u64) -> Option<u64> {
         .then(|| pc.wrapping_add((sign_extend(field(w, 0, 26), 26) * 4) as u64))
 }
 
+/// The target of `b`, `b.cond`, `cbz`/`cbnz` or `tbz`/`tbnz`.
+fn jump_target(w: u32, pc: u64) -> Option<u64> {
+    let offset = if w & 0xfc00_0000 == 0x1400_0000 {
+        sign_extend(field(w, 0, 26), 26)
+    } else if w & 0xff00_0010 == 0x5400_0000 || w & 0x7e00_0000 == 0x3400_0000 {
+        sign_extend(field(w, 5, 19), 19)
+    } else if w & 0x7e00_0000 == 0x3600_0000 {
+        sign_extend(field(w, 5, 14), 14)
+    } else {
+        return None;
+    };
+    Some(pc.wrapping_add((offset * 4) as u64))
+}
+
 /// `blr`/`blraa`/`blrab`/`blraaz`/`blrabz` (an indirect call also ends an argument).
 fn is_indirect_call(w: u32) -> bool {
     w & 0xfffffc1f == 0xd63f0000 || w & 0xfefff800 == 0xd63f0800
@@ -94,6 +108,15 @@ impl Isa for Aarch64 {
             .enumerate()
             .map(|(i, w)| (address + 4 * i as u64, w))
             .filter(|&(pc, w)| bl_target(w, pc) == Some(target))
+            .map(|(pc, _)| pc)
+            .collect()
+    }
+
+    fn direct_jumps(&self, code: &[u8], address: u64, target: u64) -> Vec<u64> {
+        words(code)
+            .enumerate()
+            .map(|(i, w)| (address + 4 * i as u64, w))
+            .filter(|&(pc, w)| jump_target(w, pc) == Some(target))
             .map(|(pc, _)| pc)
             .collect()
     }
@@ -426,5 +449,22 @@ mod tests {
         assert_eq!(Aarch64.address_loads(&code, AT, AT + 0x40), vec![AT + 24]);
         assert!(Aarch64.address_loads(&code, AT, AT + 0x1571).is_empty());
         assert_eq!(Aarch64.direct_calls(&code, AT, AT), vec![AT + 28]);
+        assert!(Aarch64.direct_jumps(&code, AT, AT).is_empty());
+    }
+
+    #[test]
+    fn tail_calls_are_found_by_their_targets() {
+        let code = code(&[
+            0x14000000, // b AT
+            0x54ffffe0, // b.eq -4 (AT)
+            0xb4ffffc0, // cbz x0, -8 (AT)
+            0x3607ffa0, // tbz w0, #0, -12 (AT)
+            0x97fffffc, // bl -16 (AT): a call, not a jump
+        ]);
+        assert_eq!(
+            Aarch64.direct_jumps(&code, AT, AT),
+            vec![AT, AT + 4, AT + 8, AT + 12]
+        );
+        assert!(Aarch64.direct_jumps(&code, AT, AT + 4).is_empty());
     }
 }

@@ -44,6 +44,27 @@ impl Isa for X86_64 {
         calls
     }
 
+    fn direct_jumps(&self, code: &[u8], address: u64, target: u64) -> Vec<u64> {
+        let mut jumps = Vec::new();
+        for i in 0..code.len().saturating_sub(5) {
+            // jmp rel32, and jcc rel32 (0f 80-8f)
+            let (len, rel_at) = match (code[i], code[i + 1]) {
+                (0xe9, _) => (5, i + 1),
+                (0x0f, 0x80..=0x8f) => (6, i + 2),
+                _ => continue,
+            };
+            let Some(rel) = code.get(rel_at..rel_at + 4) else {
+                continue;
+            };
+            let rel = i32::from_le_bytes([rel[0], rel[1], rel[2], rel[3]]);
+            let next = address + (i + len) as u64;
+            if next.wrapping_add(rel as i64 as u64) == target {
+                jumps.push(address + i as u64);
+            }
+        }
+        jumps
+    }
+
     fn call_sites(&self, code: &[u8], address: u64) -> Vec<CallSite> {
         let insns: Vec<Instruction> = Decoder::with_ip(64, code, address, DecoderOptions::NONE)
             .into_iter()
@@ -181,5 +202,17 @@ mod tests {
         );
         assert_eq!(X86_64.address_loads(&code, AT, 0x2001), Vec::<u64>::new());
         assert_eq!(X86_64.direct_calls(&code, AT, AT), vec![AT + 15]);
+        assert_eq!(X86_64.direct_jumps(&code, AT, AT), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn tail_calls_are_found_by_their_targets() {
+        let code = [
+            0xe9, 0xfb, 0xff, 0xff, 0xff, // jmp -5 -> AT
+            0x0f, 0x84, 0xf5, 0xff, 0xff, 0xff, // je -11 -> AT
+            0xe8, 0xf0, 0xff, 0xff, 0xff, // call -16 -> AT (a call, not a jump)
+        ];
+        assert_eq!(X86_64.direct_jumps(&code, AT, AT), vec![AT, AT + 5]);
+        assert_eq!(X86_64.direct_jumps(&code, AT, AT + 1), Vec::<u64>::new());
     }
 }

@@ -64,12 +64,19 @@ impl Planner {
             .map_err(|e| format!("{e:#}"));
             match &site {
                 Ok(s) => self.debug.push(format!(
-                    "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers)",
+                    "torch_npu {} at {}: allocator report at +{:#x} ({}, {} callers), probed {}",
                     s.version.as_deref().unwrap_or("(version unknown)"),
                     shown.display(),
                     s.file_offset,
                     s.layout,
-                    s.callers
+                    s.callers,
+                    match &s.probes {
+                        torch_npu::Probes::Entry => "at its entry".to_owned(),
+                        torch_npu::Probes::CallSites { sites, block_free } => format!(
+                            "at {} call sites ({block_free} BLOCK_FREE-only left out)",
+                            sites.len()
+                        ),
+                    }
                 )),
                 Err(why) => self.warn_once(format!(
                     "{}: torch_npu's caching allocator not recognised ({why}); its blocks \
@@ -85,7 +92,16 @@ impl Planner {
             torch_npu::UsageLayout::WithComponent => ProbeId::PtaUsageWithComponent,
         };
         let def = PROBES.iter().find(|p| p.id == id)?;
-        match bpf.attach_uprobe(host, site.file_offset, id as u16, false, self.scope) {
+        // At the call sites that may report a MALLOC or FREE (the BLOCK_FREE ones never trap),
+        // else at the entry.
+        let points: Vec<(u64, u64)> = match &site.probes {
+            torch_npu::Probes::CallSites { sites, .. } => {
+                torch_npu::register_call_sites(identity.ino, sites, site.file_offset);
+                sites.iter().map(|at| (*at, id as u64)).collect()
+            }
+            torch_npu::Probes::Entry => vec![(site.file_offset, id as u64)],
+        };
+        match bpf.attach_many(host, &points, false, self.scope) {
             Ok(()) => Some(def.symbol),
             Err(e) => {
                 self.warnings.push(format!("{e:#}"));
