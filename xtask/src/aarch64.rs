@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 mod cpio;
+mod torch;
 use cpio::Cpio;
 
 const TAG: &str = "[aarch64]";
@@ -91,6 +92,9 @@ pub struct VmTest {
     pub bin: &'static str,
     pub fixtures: Fixtures,
     pub tests: &'static [&'static str],
+    /// Runs on the real torch + torch_npu wheels: the venvs' disk is attached and mounted,
+    /// `MEMSCOPE_TORCH_VENVS` names them.
+    pub torch: bool,
 }
 
 /// The integration tests run inside the VM. Each checks the tracer's output against the
@@ -112,6 +116,7 @@ pub const VM_TESTS: &[VmTest] = &[
             // Frees left by siglongjmp: entries paired with returns by the stack pointer.
             "probed_calls_left_by_longjmp_leave_no_stale_entry",
         ],
+        torch: false,
     },
     VmTest {
         label: "stacks",
@@ -123,6 +128,7 @@ pub const VM_TESTS: &[VmTest] = &[
             "c_stacks_without_frame_pointers",
             "c_stacks_with_frame_pointers",
         ],
+        torch: false,
     },
     VmTest {
         // The same stacks through code whose saved return addresses carry PAC bits.
@@ -133,6 +139,7 @@ pub const VM_TESTS: &[VmTest] = &[
             "c_stacks_without_frame_pointers",
             "c_stacks_with_frame_pointers",
         ],
+        torch: false,
     },
     VmTest {
         // A C++ exception through Runner::Execute: return probes on its `ret`s, not a
@@ -141,6 +148,18 @@ pub const VM_TESTS: &[VmTest] = &[
         bin: "atb",
         fixtures: Fixtures::Pac,
         tests: &["an_exception_thrown_through_runner_execute_reaches_its_catch"],
+        torch: false,
+    },
+    VmTest {
+        // PyPI's aarch64 torch + torch_npu of two releases (torch::RELEASES) on the simulated
+        // CANN: every tensor's PTA row at its data_ptr() with memory_allocated() and
+        // memory_reserved() exact, leaks with their steps, aclnn rows with their workspaces,
+        // in launch mode and with --pid.
+        label: "real-torch",
+        bin: "real_torch",
+        fixtures: Fixtures::Plain,
+        tests: &["real_torch_npu_launch_mode", "real_torch_npu_attach_mode"],
+        torch: true,
     },
 ];
 
@@ -154,6 +173,7 @@ pub struct VmParts {
     kernel: PathBuf,
     sysroot: PathBuf,
     kernel_version: String,
+    torch: torch::TorchParts,
 }
 
 /// `cargo xtask setup --aarch64`: the cross compilers, qemu, the Rust target and the arm64
@@ -169,6 +189,11 @@ pub fn setup() -> Result<VmParts> {
         "{TAG} arm64 kernel {} and root file system: ok ({})",
         parts.kernel_version,
         parts.sysroot.display()
+    );
+    println!(
+        "{TAG} CPython 3.11 and the torch venvs ({}): ok ({})",
+        parts.torch.venvs.join(", "),
+        parts.torch.disk.display()
     );
     println!("{TAG} setup done in {:.1}s", start.elapsed().as_secs_f64());
     Ok(parts)
@@ -219,7 +244,7 @@ fn rust_target() -> Result<String> {
 }
 
 /// apt-get/apt-cache with the private arm64 state under `apt`.
-fn apt(tool: &str, apt_dir: &Path) -> Command {
+pub(crate) fn apt(tool: &str, apt_dir: &Path) -> Command {
     let mut c = Command::new(tool);
     let d = apt_dir.display();
     c.args([
@@ -254,6 +279,7 @@ fn arm64_packages() -> Result<VmParts> {
         let kernel = kernel_dir.join(format!("boot/vmlinuz-{version}"));
         if kernel.is_file() && sysroot.join("usr/bin/busybox").is_file() {
             return Ok(VmParts {
+                torch: torch::setup(&cache, &version)?,
                 kernel,
                 sysroot,
                 kernel_version: version,
@@ -326,6 +352,7 @@ fn arm64_packages() -> Result<VmParts> {
     let _ = fs::remove_dir_all(kernel_dir.join("usr/lib/modules"));
     fs::write(&stamp, &version)?;
     Ok(VmParts {
+        torch: torch::setup(&cache, &version)?,
         kernel: kernel_dir.join(format!("boot/vmlinuz-{version}")),
         sysroot,
         kernel_version: version,
@@ -375,6 +402,11 @@ pub fn test(
         make.current_dir(repo)
             .args(["-s", "-C", "tests/fixtures", target]);
         cmd::stream(&mut make)?;
+    }
+
+    let with_torch = runs.iter().any(|(r, _)| r.torch);
+    if with_torch {
+        torch::build_cann(repo, &parts.sysroot, &parts.torch)?;
     }
 
     // The tracer (its build script builds the BPF object for the aarch64 registers) and the
@@ -460,6 +492,34 @@ pub fn test(
         )?;
     }
     let mut script = String::from(INIT_HEAD);
+    if with_torch {
+        // CPython at /usr (the venvs' pyvenv.cfg names /usr/bin), the training script where
+        // the test binary looks for it, and the driver of the venvs' disk.
+        cpio.tree(&parts.torch.python_root, "")?;
+        let python_dir = repo.join("tests/fixtures/python");
+        cpio.tree(&python_dir, &rel(&python_dir)?)?;
+        cpio.file_at(&parts.torch.virtio_blk, "vm/virtio_blk.ko")?;
+        let venvs: Vec<String> = parts
+            .torch
+            .venvs
+            .iter()
+            .map(|v| format!("{}/{v}", torch::VENVS_IN_VM))
+            .collect();
+        script.push_str(&format!(
+            "insmod /vm/virtio_blk.ko\nmkdir -p {dir}\nmount -t ext4 -o ro /dev/vda {dir}\n\
+             export MEMSCOPE_TORCH_VENVS={}\n",
+            venvs.join(":"),
+            dir = torch::VENVS_IN_VM
+        ));
+        // How long the emulated CPU takes to import the framework (printed, never asserted:
+        // it sizes the tests' waits).
+        for v in &venvs {
+            script.push_str(&format!(
+                "t0=$(date +%s); {v}/bin/python -c 'import torch, torch_npu' >/dev/null 2>&1; \
+                 echo \"{MARK} import {v} rc=$? $(( $(date +%s) - t0 ))s\"\n"
+            ));
+        }
+    }
     for (bin, path) in &test_bins {
         cpio.file_at(path, &format!("vm/tests/{bin}"))?;
     }
@@ -488,7 +548,8 @@ pub fn test(
         size as f64 / (1 << 20) as f64
     );
 
-    let results = boot(&parts.kernel, &initramfs)?;
+    let disk = with_torch.then_some(parts.torch.disk.as_path());
+    let results = boot(&parts.kernel, &initramfs, disk)?;
     if insn_cost {
         insn_table(&results);
     }
@@ -601,7 +662,7 @@ struct VmRun {
     timed_out: bool,
 }
 
-fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
+fn boot(kernel: &Path, initramfs: &Path, disk: Option<&Path>) -> Result<VmRun> {
     let timeout = std::env::var("MEMSCOPE_AARCH64_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -623,30 +684,41 @@ fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
             "-smp",
             "2",
             "-m",
-            "2048",
+            // torch's processes (the traced script, and the tracer's view of it) need more
+            // than the fixtures' 2 GiB.
+            if disk.is_some() { "4096" } else { "2048" },
         ])
         .args(["-accel", "tcg,thread=multi"])
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
-        .arg(initramfs)
-        .args([
-            "-append",
-            "console=ttyAMA0 rdinit=/init panic=-1 loglevel=4",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "stdio",
-            "-no-reboot",
-            // No network: the tests need none (and the default NIC wants a ROM file).
-            "-nic",
-            "none",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .arg(initramfs);
+    if let Some(disk) = disk {
+        // Read-only: the venvs are the same at every run.
+        qemu.arg("-drive")
+            .arg(format!(
+                "file={},format=raw,if=none,id=venvs,readonly=on",
+                disk.display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=venvs"]);
+    }
+    qemu.args([
+        "-append",
+        "console=ttyAMA0 rdinit=/init panic=-1 loglevel=4",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+        // No network: the tests need none (and the default NIC wants a ROM file).
+        "-nic",
+        "none",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     println!("{TAG} + {} (timeout {timeout}s)", cmd::describe(&qemu));
     let start = Instant::now();
     let mut child = qemu.spawn().context("starting qemu-system-aarch64")?;
