@@ -499,6 +499,9 @@ pub fn test(
         let python_dir = repo.join("tests/fixtures/python");
         cpio.tree(&python_dir, &rel(&python_dir)?)?;
         cpio.file_at(&parts.torch.virtio_blk, "vm/virtio_blk.ko")?;
+        // Python's getpass.getuser() (torch's cache directory) looks root up.
+        cpio.bytes("etc/passwd", b"root:x:0:0:root:/tmp:/bin/sh\n", 0o644)?;
+        cpio.bytes("etc/group", b"root:x:0:\n", 0o644)?;
         let venvs: Vec<String> = parts
             .torch
             .venvs
@@ -507,16 +510,20 @@ pub fn test(
             .collect();
         script.push_str(&format!(
             "insmod /vm/virtio_blk.ko\nmkdir -p {dir}\nmount -t ext4 -o ro /dev/vda {dir}\n\
-             export MEMSCOPE_TORCH_VENVS={}\n",
+             export MEMSCOPE_TORCH_VENVS={}\nexport MEMSCOPE_TEST_PATIENCE={PATIENCE}\n",
             venvs.join(":"),
             dir = torch::VENVS_IN_VM
         ));
         // How long the emulated CPU takes to import the framework (printed, never asserted:
         // it sizes the tests' waits).
+        let cann = format!("/vm/{}/cann", Fixtures::Plain.dir());
         for v in &venvs {
             script.push_str(&format!(
-                "t0=$(date +%s); {v}/bin/python -c 'import torch, torch_npu' >/dev/null 2>&1; \
-                 echo \"{MARK} import {v} rc=$? $(( $(date +%s) - t0 ))s\"\n"
+                "t0=$(date +%s); ASCEND_HOME_PATH={cann} ASCEND_OPP_PATH={cann}/opp \
+                 LD_LIBRARY_PATH={cann}/lib64 {v}/bin/python -c 'import torch, torch_npu' \
+                 >/dev/null 2>/tmp/import.err; rc=$?; \
+                 echo \"{MARK} import {v} rc=$rc $(( $(date +%s) - t0 ))s\"; \
+                 [ $rc = 0 ] || tail -20 /tmp/import.err\n"
             ));
         }
     }
@@ -632,6 +639,9 @@ fn rel(path: &Path) -> Result<String> {
 }
 
 const MARK: &str = "@@memscope-vm";
+/// How many times the host's time the real-torch tests' waits get in the VM (`import torch`
+/// under TCG: see docs/aarch64.md).
+const PATIENCE: u32 = 10;
 
 const INIT_HEAD: &str = r#"#!/usr/bin/busybox sh
 /usr/bin/busybox --install -s /usr/bin
