@@ -494,10 +494,13 @@ pub fn test(
     let mut script = String::from(INIT_HEAD);
     if with_torch {
         // CPython at /usr (the venvs' pyvenv.cfg names /usr/bin), the training script where
-        // the test binary looks for it, and the driver of the venvs' disk.
+        // the test binary looks for it (and the step markers it imports from python/), and
+        // the driver of the venvs' disk.
         cpio.tree(&parts.torch.python_root, "")?;
-        let python_dir = repo.join("tests/fixtures/python");
-        cpio.tree(&python_dir, &rel(&python_dir)?)?;
+        for dir in ["tests/fixtures/python", "python"] {
+            let dir = repo.join(dir);
+            cpio.tree(&dir, &rel(&dir)?)?;
+        }
         cpio.file_at(&parts.torch.virtio_blk, "vm/virtio_blk.ko")?;
         // Python's getpass.getuser() (torch's cache directory) looks root up.
         cpio.bytes("etc/passwd", b"root:x:0:0:root:/tmp:/bin/sh\n", 0o644)?;
