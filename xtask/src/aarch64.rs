@@ -161,6 +161,19 @@ pub const VM_TESTS: &[VmTest] = &[
         tests: &["real_torch_npu_launch_mode", "real_torch_npu_attach_mode"],
         torch: true,
     },
+    VmTest {
+        // Python stacks on the same wheels: every PTA/HAL row's Python stack is the script's
+        // own traceback.extract_stack() of that line (--pid, --call-stack=python), and in
+        // launch mode the mixed view's C column runs from the report function into Python.
+        label: "real-torch-python",
+        bin: "real_torch_python",
+        fixtures: Fixtures::Plain,
+        tests: &[
+            "real_torch_python_stacks_in_attach_mode",
+            "real_torch_python_stacks_in_launch_mode_mixed",
+        ],
+        torch: true,
+    },
 ];
 
 fn cache_dir() -> Result<PathBuf> {
