@@ -432,10 +432,12 @@ fn check_mixed(run: &Run, i: usize, report: u64, ctx: &dyn Fn(String) -> String)
     );
     let first_py = lines.iter().position(|l| is_py(l)).unwrap();
     let last_py = lines.iter().rposition(|l| is_py(l)).unwrap();
+    // With its line where CPython has debug info (the x86-64 bed's), by name only where it is
+    // stripped (Debian's python3.11 in the arm64 VM).
     assert!(
         lines[last_py..]
             .iter()
-            .any(|l| l.contains(" PyEval_EvalCode at ")),
+            .any(|l| l.contains(" PyEval_EvalCode at ") || l.ends_with(" PyEval_EvalCode")),
         "{}",
         ctx(format!(
             "{row}: no interpreter start outside the Python frames\n{c}"
