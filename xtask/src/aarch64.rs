@@ -692,7 +692,8 @@ fn boot(kernel: &Path, initramfs: &Path, disk: Option<&Path>) -> Result<VmRun> {
     let timeout = std::env::var("MEMSCOPE_AARCH64_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2400u64);
+        // The real-torch runs add ~10 minutes of emulation to the fixtures' tests.
+        .unwrap_or(3600u64);
     // `max`: every feature qemu emulates, pointer authentication among them (Armv8.3), so the
     // PAC-built fixtures' return addresses are signed and authenticated; the implementation-
     // defined PAC algorithm is the fast one under TCG (QARMA5 is several times slower).
