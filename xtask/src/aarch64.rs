@@ -26,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 mod cpio;
+mod insn;
 mod torch;
 use cpio::Cpio;
 
@@ -506,42 +507,7 @@ pub fn test(
     }
     let mut script = String::from(INIT_HEAD);
     if with_torch {
-        // CPython at /usr (the venvs' pyvenv.cfg names /usr/bin), the training script where
-        // the test binary looks for it (and the step markers it imports from python/), and
-        // the driver of the venvs' disk.
-        cpio.tree(&parts.torch.python_root, "")?;
-        for dir in ["tests/fixtures/python", "python"] {
-            let dir = repo.join(dir);
-            cpio.tree(&dir, &rel(&dir)?)?;
-        }
-        cpio.file_at(&parts.torch.virtio_blk, "vm/virtio_blk.ko")?;
-        // Python's getpass.getuser() (torch's cache directory) looks root up.
-        cpio.bytes("etc/passwd", b"root:x:0:0:root:/tmp:/bin/sh\n", 0o644)?;
-        cpio.bytes("etc/group", b"root:x:0:\n", 0o644)?;
-        let venvs: Vec<String> = parts
-            .torch
-            .venvs
-            .iter()
-            .map(|v| format!("{}/{v}", torch::VENVS_IN_VM))
-            .collect();
-        script.push_str(&format!(
-            "insmod /vm/virtio_blk.ko\nmkdir -p {dir}\nmount -t ext4 -o ro /dev/vda {dir}\n\
-             export MEMSCOPE_TORCH_VENVS={}\nexport MEMSCOPE_TEST_PATIENCE={PATIENCE}\n",
-            venvs.join(":"),
-            dir = torch::VENVS_IN_VM
-        ));
-        // How long the emulated CPU takes to import the framework (printed, never asserted:
-        // it sizes the tests' waits).
-        let cann = format!("/vm/{}/cann", Fixtures::Plain.dir());
-        for v in &venvs {
-            script.push_str(&format!(
-                "t0=$(date +%s); ASCEND_HOME_PATH={cann} ASCEND_OPP_PATH={cann}/opp \
-                 LD_LIBRARY_PATH={cann}/lib64 {v}/bin/python -c 'import torch, torch_npu' \
-                 >/dev/null 2>/tmp/import.err; rc=$?; \
-                 echo \"{MARK} import {v} rc=$rc $(( $(date +%s) - t0 ))s\"; \
-                 [ $rc = 0 ] || tail -20 /tmp/import.err\n"
-            ));
-        }
+        torch::into_vm(&mut cpio, &mut script, repo, &parts.torch)?;
     }
     for (bin, path) in &test_bins {
         cpio.file_at(path, &format!("vm/tests/{bin}"))?;
@@ -560,7 +526,7 @@ pub fn test(
             "INSN=/vm/{}/bin/insn_cost\n",
             Fixtures::Plain.dir()
         ));
-        script.push_str(INSN_COST);
+        script.push_str(insn::INSN_COST);
     }
     script.push_str(INIT_TAIL);
     cpio.bytes("init", script.as_bytes(), 0o755)?;
@@ -574,78 +540,12 @@ pub fn test(
     let disk = with_torch.then_some(parts.torch.disk.as_path());
     let results = boot(&parts.kernel, &initramfs, disk)?;
     if insn_cost {
-        insn_table(&results);
+        insn::insn_table(&results);
     }
     judge(&results, &runs)
 }
 
-/// Times each function untraced and with a uprobe on its first instruction (no BPF: the
-/// trap's own cost), 3 rounds.
-const INSN_COST: &str = r#"T=/sys/kernel/tracing
-echo 0 > $T/tracing_on
-for name in $($INSN --list); do
-    addr=$(nm $INSN | awk -v n=$name '$3 == n { print $1 }')
-    for round in 1 2 3; do
-        base=$($INSN $name 5000)
-        echo "p:msbench/e_$name $INSN:0x$addr" >> $T/uprobe_events
-        echo 1 > $T/events/msbench/e_$name/enable
-        probed=$($INSN $name 5000)
-        echo 0 > $T/events/msbench/e_$name/enable
-        echo "-:msbench/e_$name" >> $T/uprobe_events
-        echo "@@memscope-vm insn $name $base $probed"
-    done
-done
-"#;
-
-/// The insn lines as a table: median cost per call, and the class by its ratio to a plain
-/// branch (`b`, which the arm64 kernel always simulates).
-fn insn_table(run: &VmRun) {
-    let mut costs: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
-    let mut order = Vec::new();
-    for l in &run.lines {
-        let Some(rest) = l.strip_prefix(&format!("{MARK} insn ")) else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if let [name, base, probed] = f[..]
-            && let (Ok(b), Ok(p)) = (base.parse::<f64>(), probed.parse::<f64>())
-        {
-            if !costs.contains_key(name) {
-                order.push(name);
-            }
-            costs.entry(name).or_default().push((b, p));
-        }
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let stats = |name: &str| {
-        let v = &costs[name];
-        let base = median(&mut v.iter().map(|x| x.0).collect());
-        let probed = median(&mut v.iter().map(|x| x.1).collect());
-        let cost = median(&mut v.iter().map(|x| x.1 - x.0).collect());
-        (base, probed, cost)
-    };
-    let branch = costs.contains_key("ins_b").then(|| stats("ins_b").2);
-    println!("{TAG} uprobe cost by first instruction (ns per call under TCG, median of 3):");
-    println!("| function | untraced | uprobe | cost | cost / cost(b) | class |");
-    println!("|---|---:|---:|---:|---:|---|");
-    for name in order {
-        let (base, probed, cost) = stats(name);
-        let ratio = branch.map_or(f64::NAN, |b| cost / b);
-        let class = if ratio < 0.2 {
-            "refused"
-        } else if ratio < 1.5 {
-            "simulated"
-        } else {
-            "single-stepped"
-        };
-        println!("| {name} | {base:.0} | {probed:.0} | {cost:.0} | {ratio:.2} | {class} |");
-    }
-}
-
-fn rel(path: &Path) -> Result<String> {
+pub(crate) fn rel(path: &Path) -> Result<String> {
     let abs = std::path::absolute(path)?;
     Ok(abs
         .to_str()
@@ -654,10 +554,7 @@ fn rel(path: &Path) -> Result<String> {
         .to_owned())
 }
 
-const MARK: &str = "@@memscope-vm";
-/// How many times the host's time the real-torch tests' waits get in the VM (`import torch`
-/// under TCG: see docs/aarch64.md).
-const PATIENCE: u32 = 10;
+pub(crate) const MARK: &str = "@@memscope-vm";
 
 const INIT_HEAD: &str = r#"#!/usr/bin/busybox sh
 /usr/bin/busybox --install -s /usr/bin
@@ -683,8 +580,8 @@ poweroff -f
 "#;
 
 /// What the VM reported: the serial console's lines.
-struct VmRun {
-    lines: Vec<String>,
+pub(crate) struct VmRun {
+    pub(crate) lines: Vec<String>,
     timed_out: bool,
 }
 

@@ -16,7 +16,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::{TAG, apt};
+use super::cpio::Cpio;
+use super::{Fixtures, MARK, TAG, apt, rel};
 use crate::cmd;
 
 /// (torch, torch_npu, numpy requirement): the releases of the x86-64 bed's two layouts
@@ -71,6 +72,9 @@ const PLATFORMS: &[&str] = &[
 pub const VENVS_IN_VM: &str = "/vm/venvs";
 /// The VM's CPython, whose path the venvs' `pyvenv.cfg` and `bin/python` name.
 const PYTHON_IN_VM: &str = "/usr/bin/python3.11";
+/// How many times the host's time the real-torch tests' waits get in the VM (`import torch`
+/// takes 45-100 s under TCG: see docs/aarch64.md).
+const PATIENCE: u32 = 10;
 /// Bumped when what the disk holds changes, so setup remakes it.
 const DISK_VERSION: &str = "1";
 
@@ -375,4 +379,50 @@ pub fn build_cann(repo: &Path, sysroot: &Path, parts: &TorchParts) -> Result<Pat
             )),
     )?;
     Ok(repo.join("tests/fixtures/build-aarch64/cann"))
+}
+
+/// What the runs on the wheels need in the VM: CPython, the scripts, the venvs' disk mounted,
+/// and the tests' environment.
+pub fn into_vm(
+    cpio: &mut Cpio,
+    script: &mut String,
+    repo: &Path,
+    parts: &TorchParts,
+) -> Result<()> {
+    // CPython at /usr (the venvs' pyvenv.cfg names /usr/bin), the training script where
+    // the test binary looks for it (and the step markers it imports from python/), and
+    // the driver of the venvs' disk.
+    cpio.tree(&parts.python_root, "")?;
+    for dir in ["tests/fixtures/python", "python"] {
+        let dir = repo.join(dir);
+        cpio.tree(&dir, &rel(&dir)?)?;
+    }
+    cpio.file_at(&parts.virtio_blk, "vm/virtio_blk.ko")?;
+    // Python's getpass.getuser() (torch's cache directory) looks root up.
+    cpio.bytes("etc/passwd", b"root:x:0:0:root:/tmp:/bin/sh\n", 0o644)?;
+    cpio.bytes("etc/group", b"root:x:0:\n", 0o644)?;
+    let venvs: Vec<String> = parts
+        .venvs
+        .iter()
+        .map(|v| format!("{}/{v}", VENVS_IN_VM))
+        .collect();
+    script.push_str(&format!(
+        "insmod /vm/virtio_blk.ko\nmkdir -p {dir}\nmount -t ext4 -o ro /dev/vda {dir}\n\
+         export MEMSCOPE_TORCH_VENVS={}\nexport MEMSCOPE_TEST_PATIENCE={PATIENCE}\n",
+        venvs.join(":"),
+        dir = VENVS_IN_VM
+    ));
+    // How long the emulated CPU takes to import the framework (printed, never asserted:
+    // it sizes the tests' waits).
+    let cann = format!("/vm/{}/cann", Fixtures::Plain.dir());
+    for v in &venvs {
+        script.push_str(&format!(
+            "t0=$(date +%s); ASCEND_HOME_PATH={cann} ASCEND_OPP_PATH={cann}/opp \
+             LD_LIBRARY_PATH={cann}/lib64 {v}/bin/python -c 'import torch, torch_npu' \
+             >/dev/null 2>/tmp/import.err; rc=$?; \
+             echo \"{MARK} import {v} rc=$rc $(( $(date +%s) - t0 ))s\"; \
+             [ $rc = 0 ] || tail -20 /tmp/import.err\n"
+        ));
+    }
+    Ok(())
 }
