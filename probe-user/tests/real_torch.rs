@@ -99,14 +99,14 @@ fn attach(venv: &Path, dir: &Path) -> Run {
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
-    let text = wait_for_text(&log, "READY", 180);
+    let text = wait_for_text(&log, "READY", 180 * patience());
     let pid = ready_pid(&text);
     assert_eq!(pid, target.id());
     let mut tracer =
         Background::spawn(&["-o", out_dir.to_str().unwrap(), "--pid", &pid.to_string()]);
-    tracer.wait_for("attached to pid", 120);
+    tracer.wait_for("attached to pid", 120 * patience());
     fs::write(&go, b"").unwrap();
-    wait_for_exit(&mut target, 300);
+    wait_for_exit(&mut target, 300 * patience());
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     Run {

@@ -22,6 +22,16 @@ const STEPS: u32 = 3;
 /// The entry of torch_npu's memory report function (where PTA rows are made) in each wheel's
 /// libtorch_npu.so, as gdb and objdump place it (see real_torch.rs), or capstone.
 fn report_function(release: &str) -> u64 {
+    // The aarch64 wheels of the arm64 VM (cargo xtask test-aarch64): as aarch64 objdump reads
+    // them (docs/aarch64.md, "torch_npu on arm64").
+    if cfg!(target_arch = "aarch64") {
+        if release.ends_with("npu-2.8.0.post2") {
+            return 0x2d51b20;
+        } else if release.ends_with("npu-2.5.1") {
+            return 0x1706450;
+        }
+        panic!("no independent figure for the aarch64 report function of {release}");
+    }
     if release.ends_with("npu-2.8.0.post2") {
         0x32f42a0
     } else if release.ends_with("npu-2.5.1") {
@@ -151,7 +161,7 @@ fn attach(venv: &Path, dir: &Path, call_stack: &str) -> Run {
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
-    let text = wait_for_text(&log, "READY", 180);
+    let text = wait_for_text(&log, "READY", 180 * patience());
     let pid: u32 = log_lines(&text, "READY")[0]["pid"].parse().unwrap();
     assert_eq!(pid, target.id());
     let mut tracer = Background::spawn(&[
@@ -161,9 +171,9 @@ fn attach(venv: &Path, dir: &Path, call_stack: &str) -> Run {
         "--pid",
         &pid.to_string(),
     ]);
-    tracer.wait_for("attached to pid", 120);
+    tracer.wait_for("attached to pid", 120 * patience());
     fs::write(&go, b"").unwrap();
-    wait_for_exit(&mut target, 300);
+    wait_for_exit(&mut target, 300 * patience());
     let (code, stderr) = tracer.finish();
     assert_eq!(code, Some(0), "{stderr}");
     Run::read(&out_dir, fs::read_to_string(&log).unwrap(), stderr)
@@ -422,10 +432,12 @@ fn check_mixed(run: &Run, i: usize, report: u64, ctx: &dyn Fn(String) -> String)
     );
     let first_py = lines.iter().position(|l| is_py(l)).unwrap();
     let last_py = lines.iter().rposition(|l| is_py(l)).unwrap();
+    // With its line where CPython has debug info (the x86-64 bed's), by name only where it is
+    // stripped (Debian's python3.11 in the arm64 VM).
     assert!(
         lines[last_py..]
             .iter()
-            .any(|l| l.contains(" PyEval_EvalCode at ")),
+            .any(|l| l.contains(" PyEval_EvalCode at ") || l.ends_with(" PyEval_EvalCode")),
         "{}",
         ctx(format!(
             "{row}: no interpreter start outside the Python frames\n{c}"

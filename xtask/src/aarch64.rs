@@ -26,6 +26,8 @@ use anyhow::{Context, Result, bail};
 use crate::cmd;
 
 mod cpio;
+mod insn;
+mod torch;
 use cpio::Cpio;
 
 const TAG: &str = "[aarch64]";
@@ -91,6 +93,9 @@ pub struct VmTest {
     pub bin: &'static str,
     pub fixtures: Fixtures,
     pub tests: &'static [&'static str],
+    /// Runs on the real torch + torch_npu wheels: the venvs' disk is attached and mounted,
+    /// `MEMSCOPE_TORCH_VENVS` names them.
+    pub torch: bool,
 }
 
 /// The integration tests run inside the VM. Each checks the tracer's output against the
@@ -112,6 +117,7 @@ pub const VM_TESTS: &[VmTest] = &[
             // Frees left by siglongjmp: entries paired with returns by the stack pointer.
             "probed_calls_left_by_longjmp_leave_no_stale_entry",
         ],
+        torch: false,
     },
     VmTest {
         label: "stacks",
@@ -123,6 +129,7 @@ pub const VM_TESTS: &[VmTest] = &[
             "c_stacks_without_frame_pointers",
             "c_stacks_with_frame_pointers",
         ],
+        torch: false,
     },
     VmTest {
         // The same stacks through code whose saved return addresses carry PAC bits.
@@ -133,6 +140,7 @@ pub const VM_TESTS: &[VmTest] = &[
             "c_stacks_without_frame_pointers",
             "c_stacks_with_frame_pointers",
         ],
+        torch: false,
     },
     VmTest {
         // A C++ exception through Runner::Execute: return probes on its `ret`s, not a
@@ -141,6 +149,31 @@ pub const VM_TESTS: &[VmTest] = &[
         bin: "atb",
         fixtures: Fixtures::Pac,
         tests: &["an_exception_thrown_through_runner_execute_reaches_its_catch"],
+        torch: false,
+    },
+    VmTest {
+        // PyPI's aarch64 torch + torch_npu of two releases (torch::RELEASES) on the simulated
+        // CANN: every tensor's PTA row at its data_ptr() with memory_allocated() and
+        // memory_reserved() exact, leaks with their steps, aclnn rows with their workspaces,
+        // in launch mode and with --pid.
+        label: "real-torch",
+        bin: "real_torch",
+        fixtures: Fixtures::Plain,
+        tests: &["real_torch_npu_launch_mode", "real_torch_npu_attach_mode"],
+        torch: true,
+    },
+    VmTest {
+        // Python stacks on the same wheels: every PTA/HAL row's Python stack is the script's
+        // own traceback.extract_stack() of that line (--pid, --call-stack=python), and in
+        // launch mode the mixed view's C column runs from the report function into Python.
+        label: "real-torch-python",
+        bin: "real_torch_python",
+        fixtures: Fixtures::Plain,
+        tests: &[
+            "real_torch_python_stacks_in_attach_mode",
+            "real_torch_python_stacks_in_launch_mode_mixed",
+        ],
+        torch: true,
     },
 ];
 
@@ -154,6 +187,7 @@ pub struct VmParts {
     kernel: PathBuf,
     sysroot: PathBuf,
     kernel_version: String,
+    torch: torch::TorchParts,
 }
 
 /// `cargo xtask setup --aarch64`: the cross compilers, qemu, the Rust target and the arm64
@@ -169,6 +203,11 @@ pub fn setup() -> Result<VmParts> {
         "{TAG} arm64 kernel {} and root file system: ok ({})",
         parts.kernel_version,
         parts.sysroot.display()
+    );
+    println!(
+        "{TAG} CPython 3.11 and the torch venvs ({}): ok ({})",
+        parts.torch.venvs.join(", "),
+        parts.torch.disk.display()
     );
     println!("{TAG} setup done in {:.1}s", start.elapsed().as_secs_f64());
     Ok(parts)
@@ -219,7 +258,7 @@ fn rust_target() -> Result<String> {
 }
 
 /// apt-get/apt-cache with the private arm64 state under `apt`.
-fn apt(tool: &str, apt_dir: &Path) -> Command {
+pub(crate) fn apt(tool: &str, apt_dir: &Path) -> Command {
     let mut c = Command::new(tool);
     let d = apt_dir.display();
     c.args([
@@ -254,6 +293,7 @@ fn arm64_packages() -> Result<VmParts> {
         let kernel = kernel_dir.join(format!("boot/vmlinuz-{version}"));
         if kernel.is_file() && sysroot.join("usr/bin/busybox").is_file() {
             return Ok(VmParts {
+                torch: torch::setup(&cache, &version)?,
                 kernel,
                 sysroot,
                 kernel_version: version,
@@ -326,6 +366,7 @@ fn arm64_packages() -> Result<VmParts> {
     let _ = fs::remove_dir_all(kernel_dir.join("usr/lib/modules"));
     fs::write(&stamp, &version)?;
     Ok(VmParts {
+        torch: torch::setup(&cache, &version)?,
         kernel: kernel_dir.join(format!("boot/vmlinuz-{version}")),
         sysroot,
         kernel_version: version,
@@ -375,6 +416,11 @@ pub fn test(
         make.current_dir(repo)
             .args(["-s", "-C", "tests/fixtures", target]);
         cmd::stream(&mut make)?;
+    }
+
+    let with_torch = runs.iter().any(|(r, _)| r.torch);
+    if with_torch {
+        torch::build_cann(repo, &parts.sysroot, &parts.torch)?;
     }
 
     // The tracer (its build script builds the BPF object for the aarch64 registers) and the
@@ -460,6 +506,9 @@ pub fn test(
         )?;
     }
     let mut script = String::from(INIT_HEAD);
+    if with_torch {
+        torch::into_vm(&mut cpio, &mut script, repo, &parts.torch)?;
+    }
     for (bin, path) in &test_bins {
         cpio.file_at(path, &format!("vm/tests/{bin}"))?;
     }
@@ -477,7 +526,7 @@ pub fn test(
             "INSN=/vm/{}/bin/insn_cost\n",
             Fixtures::Plain.dir()
         ));
-        script.push_str(INSN_COST);
+        script.push_str(insn::INSN_COST);
     }
     script.push_str(INIT_TAIL);
     cpio.bytes("init", script.as_bytes(), 0o755)?;
@@ -488,80 +537,15 @@ pub fn test(
         size as f64 / (1 << 20) as f64
     );
 
-    let results = boot(&parts.kernel, &initramfs)?;
+    let disk = with_torch.then_some(parts.torch.disk.as_path());
+    let results = boot(&parts.kernel, &initramfs, disk)?;
     if insn_cost {
-        insn_table(&results);
+        insn::insn_table(&results);
     }
     judge(&results, &runs)
 }
 
-/// Times each function untraced and with a uprobe on its first instruction (no BPF: the
-/// trap's own cost), 3 rounds.
-const INSN_COST: &str = r#"T=/sys/kernel/tracing
-echo 0 > $T/tracing_on
-for name in $($INSN --list); do
-    addr=$(nm $INSN | awk -v n=$name '$3 == n { print $1 }')
-    for round in 1 2 3; do
-        base=$($INSN $name 5000)
-        echo "p:msbench/e_$name $INSN:0x$addr" >> $T/uprobe_events
-        echo 1 > $T/events/msbench/e_$name/enable
-        probed=$($INSN $name 5000)
-        echo 0 > $T/events/msbench/e_$name/enable
-        echo "-:msbench/e_$name" >> $T/uprobe_events
-        echo "@@memscope-vm insn $name $base $probed"
-    done
-done
-"#;
-
-/// The insn lines as a table: median cost per call, and the class by its ratio to a plain
-/// branch (`b`, which the arm64 kernel always simulates).
-fn insn_table(run: &VmRun) {
-    let mut costs: std::collections::BTreeMap<&str, Vec<(f64, f64)>> = Default::default();
-    let mut order = Vec::new();
-    for l in &run.lines {
-        let Some(rest) = l.strip_prefix(&format!("{MARK} insn ")) else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if let [name, base, probed] = f[..]
-            && let (Ok(b), Ok(p)) = (base.parse::<f64>(), probed.parse::<f64>())
-        {
-            if !costs.contains_key(name) {
-                order.push(name);
-            }
-            costs.entry(name).or_default().push((b, p));
-        }
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let stats = |name: &str| {
-        let v = &costs[name];
-        let base = median(&mut v.iter().map(|x| x.0).collect());
-        let probed = median(&mut v.iter().map(|x| x.1).collect());
-        let cost = median(&mut v.iter().map(|x| x.1 - x.0).collect());
-        (base, probed, cost)
-    };
-    let branch = costs.contains_key("ins_b").then(|| stats("ins_b").2);
-    println!("{TAG} uprobe cost by first instruction (ns per call under TCG, median of 3):");
-    println!("| function | untraced | uprobe | cost | cost / cost(b) | class |");
-    println!("|---|---:|---:|---:|---:|---|");
-    for name in order {
-        let (base, probed, cost) = stats(name);
-        let ratio = branch.map_or(f64::NAN, |b| cost / b);
-        let class = if ratio < 0.2 {
-            "refused"
-        } else if ratio < 1.5 {
-            "simulated"
-        } else {
-            "single-stepped"
-        };
-        println!("| {name} | {base:.0} | {probed:.0} | {cost:.0} | {ratio:.2} | {class} |");
-    }
-}
-
-fn rel(path: &Path) -> Result<String> {
+pub(crate) fn rel(path: &Path) -> Result<String> {
     let abs = std::path::absolute(path)?;
     Ok(abs
         .to_str()
@@ -570,7 +554,7 @@ fn rel(path: &Path) -> Result<String> {
         .to_owned())
 }
 
-const MARK: &str = "@@memscope-vm";
+pub(crate) const MARK: &str = "@@memscope-vm";
 
 const INIT_HEAD: &str = r#"#!/usr/bin/busybox sh
 /usr/bin/busybox --install -s /usr/bin
@@ -596,16 +580,17 @@ poweroff -f
 "#;
 
 /// What the VM reported: the serial console's lines.
-struct VmRun {
-    lines: Vec<String>,
+pub(crate) struct VmRun {
+    pub(crate) lines: Vec<String>,
     timed_out: bool,
 }
 
-fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
+fn boot(kernel: &Path, initramfs: &Path, disk: Option<&Path>) -> Result<VmRun> {
     let timeout = std::env::var("MEMSCOPE_AARCH64_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2400u64);
+        // The real-torch runs add ~10 minutes of emulation to the fixtures' tests.
+        .unwrap_or(3600u64);
     // `max`: every feature qemu emulates, pointer authentication among them (Armv8.3), so the
     // PAC-built fixtures' return addresses are signed and authenticated; the implementation-
     // defined PAC algorithm is the fast one under TCG (QARMA5 is several times slower).
@@ -623,30 +608,41 @@ fn boot(kernel: &Path, initramfs: &Path) -> Result<VmRun> {
             "-smp",
             "2",
             "-m",
-            "2048",
+            // torch's processes (the traced script, and the tracer's view of it) need more
+            // than the fixtures' 2 GiB.
+            if disk.is_some() { "4096" } else { "2048" },
         ])
         .args(["-accel", "tcg,thread=multi"])
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
-        .arg(initramfs)
-        .args([
-            "-append",
-            "console=ttyAMA0 rdinit=/init panic=-1 loglevel=4",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "stdio",
-            "-no-reboot",
-            // No network: the tests need none (and the default NIC wants a ROM file).
-            "-nic",
-            "none",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .arg(initramfs);
+    if let Some(disk) = disk {
+        // Read-only: the venvs are the same at every run.
+        qemu.arg("-drive")
+            .arg(format!(
+                "file={},format=raw,if=none,id=venvs,readonly=on",
+                disk.display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=venvs"]);
+    }
+    qemu.args([
+        "-append",
+        "console=ttyAMA0 rdinit=/init panic=-1 loglevel=4",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+        // No network: the tests need none (and the default NIC wants a ROM file).
+        "-nic",
+        "none",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     println!("{TAG} + {} (timeout {timeout}s)", cmd::describe(&qemu));
     let start = Instant::now();
     let mut child = qemu.spawn().context("starting qemu-system-aarch64")?;

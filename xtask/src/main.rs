@@ -46,7 +46,10 @@ Commands:
                                  Debian's gcc-aarch64-linux-gnu and qemu-system-arm,
                                  the Rust target, and arm64 packages (kernel with BTF,
                                  busybox, glibc, binutils; ~60 MB) in a private apt
-                                 state under ~/.cache/memscope-bpf/aarch64
+                                 state under ~/.cache/memscope-bpf/aarch64, bookworm's
+                                 arm64 CPython 3.11 (~8 MB) and the aarch64 torch +
+                                 torch_npu wheels of 2.8.0.post2 and 2.5.1 (~230 MB) as
+                                 two venvs and their ext4 image (~2.6 GB on disk)
   test [-- ARGS...]
         setup, then `cargo build --all-targets` and `cargo test ARGS...` (the
         workspace's default members; RUST_BACKTRACE=1), then a short fuzz run of the
@@ -58,10 +61,12 @@ Commands:
         BPF object for the aarch64 registers, the fixtures (build-aarch64/, and
         build-aarch64-pac/ with -mbranch-protection=standard) and a
         subset of the integration tests, boots Debian's arm64 kernel in
-        qemu-system-aarch64 (TCG) with them in an initramfs, runs the tests there
-        as root and reads the results from the serial console (docs/aarch64.md).
-        Runs `setup --aarch64` first. Not part of `test`: ~15-30 min of emulation.
-        MEMSCOPE_AARCH64_TIMEOUT: seconds the VM may run (default 2400).
+        qemu-system-aarch64 (TCG) with them in an initramfs (and the aarch64
+        torch/torch_npu venvs on a disk image for the real-torch runs), runs the
+        tests there as root and reads the results from the serial console
+        (docs/aarch64.md). Runs `setup --aarch64` first. Not part of `test`:
+        ~25-40 min of emulation.
+        MEMSCOPE_AARCH64_TIMEOUT: seconds the VM may run (default 3600).
         --insn-cost: then also time a uprobe on each first instruction of
         tests/fixtures/bench/uprobe_insns.S in the VM (docs/placement.md).
         --only A,B: only the runs and tests whose label or name contains A or B.

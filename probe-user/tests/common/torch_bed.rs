@@ -39,9 +39,21 @@ pub fn torch_venvs(test: &str) -> Option<Vec<PathBuf>> {
     Some(venvs)
 }
 
-/// The simulated CANN install's directory (asserted to be built).
+/// How many times longer than on the host the bed's waits may take: `MEMSCOPE_TEST_PATIENCE`
+/// (the arm64 VM's emulated CPU sets it: `import torch` alone takes minutes there), default 1.
+pub fn patience() -> u64 {
+    std::env::var("MEMSCOPE_TEST_PATIENCE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The simulated CANN install's directory (asserted to be built): beside the fixtures given
+/// in `MEMSCOPE_FIXTURES_DIR` (the arm64 VM's, cross-built) or in tests/fixtures/build.
 pub fn cann_dir() -> PathBuf {
-    let cann = repo_root().join("tests/fixtures/build/cann");
+    let fixtures = std::env::var_os("MEMSCOPE_FIXTURES_DIR")
+        .map_or_else(|| repo_root().join("tests/fixtures/build"), PathBuf::from);
+    let cann = fixtures.join("cann");
     assert!(
         cann.join("lib64/libascendcl.so").is_file(),
         "no simulated CANN at {} (cargo xtask setup builds it)",
