@@ -54,16 +54,28 @@ static PY_CODES_SENT: LruHashMap<CodeKey, u8> = LruHashMap::with_max_entries(655
 #[map]
 static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
 
-/// One frame's bytes; room past `PY_FRAME_READ` so a masked field offset stays in bounds.
+/// Everything the walk's `bpf_loop` steps share: the process's layout (a copy of its
+/// `PY_PROCS` entry), the steps' states and one frame's bytes. Here and not on the BPF stack,
+/// whose 512 bytes cover the whole chain of calls, probe program -> `emit_python_stack` ->
+/// step -> `send_code` (kernels before 6.13 refuse more; `trace::bpf::stack_budget` in user
+/// space checks it). So the loops get no context pointer: each step looks this up.
 #[repr(C)]
-struct FrameBuf {
+struct WalkScratch {
+    p: PyProcess,
+    find: ThreadFind,
+    walk: FrameWalk,
+    loops: LoopWalk,
+    /// Room past `PY_FRAME_READ` so a masked field offset stays in bounds.
     bytes: [u8; 2 * PY_FRAME_READ],
+    /// The frame's code object: its identity words and its key in `PY_CODES_SENT`.
+    words: [u64; 4],
+    key: CodeKey,
 }
 
 #[map]
-static PY_FRAME_BUF: PerCpuArray<FrameBuf> = PerCpuArray::with_max_entries(1, 0);
+static PY_WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 
-/// Field offsets are masked with this: any masked offset plus 8 stays inside `FrameBuf`.
+/// Field offsets are masked with this: any masked offset plus 8 stays inside `WalkScratch`.
 const FIELD_MASK: usize = 127;
 const _: () = assert!(FIELD_MASK + 8 <= 2 * PY_FRAME_READ && PY_FRAME_READ <= FIELD_MASK);
 
@@ -106,10 +118,15 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
     if offsets().python_stacks == 0 {
         return 0;
     }
-    let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
+    let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else {
         return 0;
     };
-    let p = *p;
+    let Some(scratch) = PY_WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // Raw accesses only: the loop steps change it behind this function's back.
+    unsafe { (*scratch).p = *proc_ };
+    let p = unsafe { &(*scratch).p };
     let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -120,7 +137,7 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
     ev.pid = tgid;
     ev.tid = tid;
     ev.ts_ns = ts_ns;
-    ev.tstate = find_thread_state(&p, tid, sp);
+    ev.tstate = find_thread_state(scratch, tid, sp);
     if ev.tstate == 0 {
         ev.flags |= py_flags::NO_THREAD_STATE;
         output(ev, 0);
@@ -138,23 +155,23 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         output(ev, 0);
         return 0;
     };
-    let mut walk = FrameWalk {
-        p,
-        frame: first,
-        n: 0,
-        tgid,
-        last_entry: 0,
-        find_loops: find_loops as u32,
-    };
     unsafe {
+        (*scratch).walk = FrameWalk {
+            frame: first,
+            n: 0,
+            tgid,
+            last_entry: 0,
+            find_loops: find_loops as u32,
+        };
         bpf_loop(
             PY_MAX_FRAMES as u32 + 1,
             frame_step as *mut c_void,
-            &mut walk as *mut FrameWalk as *mut c_void,
+            core::ptr::null_mut(),
             0,
         )
     };
-    let n = walk.n as usize & (2 * PY_MAX_FRAMES - 1);
+    let n = unsafe { core::ptr::read_volatile(&(*scratch).walk.n) };
+    let n = n as usize & (2 * PY_MAX_FRAMES - 1);
     let n = if n > PY_MAX_FRAMES { PY_MAX_FRAMES } else { n };
     ev.nframes = n as u16;
     output(ev, n);
@@ -169,25 +186,23 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         // linked outwards by `previous` (which follows `current_frame` in both) to the thread
         // state's `root_cframe` (in the heap), whose `previous` is NULL: the outermost loop's
         // is the one before it.
-        Some(cframe) if p.cframe_current_frame != PY_NO_OFFSET => {
-            let mut loops = LoopWalk {
+        Some(cframe) if p.cframe_current_frame != PY_NO_OFFSET => unsafe {
+            (*scratch).loops = LoopWalk {
                 cframe,
                 previous: p.cframe_current_frame as u64 + 8,
                 before_last: 0,
                 last: 0,
             };
-            unsafe {
-                bpf_loop(
-                    PY_MAX_FRAMES as u32,
-                    loop_step as *mut c_void,
-                    &mut loops as *mut LoopWalk as *mut c_void,
-                    0,
-                )
-            };
-            loops.before_last
-        }
+            bpf_loop(
+                PY_MAX_FRAMES as u32,
+                loop_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
+            core::ptr::read_volatile(&(*scratch).loops.before_last)
+        },
         // 3.13: each loop's entry frame is on its C stack; the walk goes outwards.
-        _ => walk.last_entry,
+        _ => unsafe { core::ptr::read_volatile(&(*scratch).walk.last_entry) },
     };
     if outermost > sp { outermost } else { 0 }
 }
@@ -203,8 +218,11 @@ struct LoopWalk {
 
 /// One `_PyCFrame` of the chain. Returns 1 to stop.
 #[inline(never)]
-extern "C" fn loop_step(_index: u32, ctx: *mut c_void) -> i64 {
-    let w = unsafe { &mut *(ctx as *mut LoopWalk) };
+extern "C" fn loop_step(_index: u32, _ctx: *mut c_void) -> i64 {
+    let Some(scratch) = PY_WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    let w = unsafe { &mut (*scratch).loops };
     if w.cframe == 0 {
         return 1;
     }
@@ -245,8 +263,12 @@ fn output(ev: &PyStackEvent, frames: usize) {
 /// put at the head of their interpreter, newer interpreters first: the first state of the
 /// thread with frames is taken.
 /// Only a thread with one state, found unambiguous, is cached.
-#[inline(always)]
-fn find_thread_state(p: &PyProcess, tid: u32, sp: u64) -> u64 {
+///
+/// A subprogram of its own: its search context is on the BPF stack beside the frame walk's,
+/// not under it.
+#[inline(never)]
+fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
+    let p = unsafe { &(*scratch).p };
     let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
         return 0;
     };
@@ -261,29 +283,29 @@ fn find_thread_state(p: &PyProcess, tid: u32, sp: u64) -> u64 {
             }
         }
     }
-    let mut find = ThreadFind {
-        p: *p,
-        interp,
-        tstate: 0,
-        tid: tid as u64,
-        sp,
-        found: 0,
-        matches: 0,
-        several: several as u64,
-        first_running: 0,
-        home_anchor: u64::MAX,
-        low: 0,
-        low_anchor: u64::MAX,
-    };
     unsafe {
+        (*scratch).find = ThreadFind {
+            interp,
+            tstate: 0,
+            tid: tid as u64,
+            sp,
+            found: 0,
+            matches: 0,
+            several: several as u64,
+            first_running: 0,
+            home_anchor: u64::MAX,
+            low: 0,
+            low_anchor: u64::MAX,
+        };
         bpf_loop(
             FIND_STEPS,
             find_step as *mut c_void,
-            &mut find as *mut ThreadFind as *mut c_void,
+            core::ptr::null_mut(),
             0,
         )
     };
-    let chosen = find.choice();
+    let find = unsafe { &(*scratch).find };
+    let chosen = find.choice(p);
     if !several && find.matches == 1 && chosen == find.found {
         let _ = PY_THREADS.insert(&tid, &chosen, 0);
     } else {
@@ -304,9 +326,9 @@ fn still_listed(p: &PyProcess, interp: u64, t: u64) -> bool {
     }
 }
 
+/// The thread-state search's state (in `PY_WALK`).
 #[repr(C)]
 struct ThreadFind {
-    p: PyProcess,
     /// The next interpreter to list (0: none left).
     interp: u64,
     /// The thread state to look at next (0: take the next interpreter's list).
@@ -331,21 +353,21 @@ struct ThreadFind {
 impl ThreadFind {
     /// Weighs one thread state (see [`find_thread_state`]).
     #[inline(always)]
-    fn consider(&mut self, tstate: u64) {
-        let mine = read_u64(tstate + self.p.tstate_native_thread_id as u64) == Some(self.tid);
+    fn consider(&mut self, p: &PyProcess, tstate: u64) {
+        let mine = read_u64(tstate + p.tstate_native_thread_id as u64) == Some(self.tid);
         if mine {
             if self.found == 0 {
                 self.found = tstate;
             }
             self.matches += 1;
         }
-        let Some(frame) = read_u64(tstate + self.p.tstate_frame as u64) else {
+        let Some(frame) = read_u64(tstate + p.tstate_frame as u64) else {
             return;
         };
         if frame == 0 {
             return;
         }
-        if self.p.cframe_current_frame == PY_NO_OFFSET {
+        if p.cframe_current_frame == PY_NO_OFFSET {
             // 3.13: the order of the walk decides.
             if mine && self.first_running == 0 {
                 self.first_running = tstate;
@@ -358,7 +380,7 @@ impl ThreadFind {
         if anchor < self.sp {
             return;
         }
-        match read_u64(anchor + self.p.cframe_current_frame as u64) {
+        match read_u64(anchor + p.cframe_current_frame as u64) {
             Some(current) if current != 0 => {}
             _ => return,
         }
@@ -373,8 +395,8 @@ impl ThreadFind {
 
     /// The state that runs on the thread (else the first that names it: it runs nothing).
     #[inline(always)]
-    fn choice(&self) -> u64 {
-        if self.p.cframe_current_frame != PY_NO_OFFSET {
+    fn choice(&self, p: &PyProcess) -> u64 {
+        if p.cframe_current_frame != PY_NO_OFFSET {
             // `low` is at or below the thread's own state's `cframe`: on this stack.
             if self.home_anchor != u64::MAX && self.low_anchor <= self.home_anchor {
                 return self.low;
@@ -390,25 +412,28 @@ impl ThreadFind {
 }
 
 #[inline(never)]
-extern "C" fn find_step(_index: u32, ctx: *mut c_void) -> i64 {
-    let f = unsafe { &mut *(ctx as *mut ThreadFind) };
+extern "C" fn find_step(_index: u32, _ctx: *mut c_void) -> i64 {
+    let Some(scratch) = PY_WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    let (p, f) = unsafe { (&(*scratch).p, &mut (*scratch).find) };
     if f.tstate == 0 {
         if f.interp == 0 {
             return 1;
         }
-        f.tstate = read_u64(f.interp + f.p.interp_threads_head as u64).unwrap_or(0);
-        f.interp = read_u64(f.interp + f.p.interp_next as u64).unwrap_or(0);
+        f.tstate = read_u64(f.interp + p.interp_threads_head as u64).unwrap_or(0);
+        f.interp = read_u64(f.interp + p.interp_next as u64).unwrap_or(0);
         return 0;
     }
     let t = f.tstate;
-    f.consider(t);
-    f.tstate = read_u64(t + f.p.tstate_next as u64).unwrap_or(0);
+    f.consider(p, t);
+    f.tstate = read_u64(t + p.tstate_next as u64).unwrap_or(0);
     0
 }
 
+/// The frame walk's state (in `PY_WALK`).
 #[repr(C)]
 struct FrameWalk {
-    p: PyProcess,
     frame: u64,
     n: u32,
     tgid: u32,
@@ -422,13 +447,13 @@ const FRAME_OWNED_BY_CSTACK: u64 = 3;
 
 /// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
 #[inline(always)]
-fn field_u64(buf: &FrameBuf, off: u32) -> u64 {
+fn field_u64(buf: &WalkScratch, off: u32) -> u64 {
     let off = off as usize & FIELD_MASK;
     unsafe { core::ptr::read_unaligned(buf.bytes.as_ptr().add(off) as *const u64) }
 }
 
 #[inline(always)]
-fn field_u8(buf: &FrameBuf, off: u32) -> u64 {
+fn field_u8(buf: &WalkScratch, off: u32) -> u64 {
     let off = off as usize & FIELD_MASK;
     unsafe { *buf.bytes.as_ptr().add(off) as u64 }
 }
@@ -441,9 +466,12 @@ fn field_u8(buf: &FrameBuf, off: u32) -> u64 {
 /// of them, each with every path through `send_code` (9-17 s to load the programs with
 /// Python stacks on, under load). The index is an unknown number to it: one step is enough.
 #[inline(never)]
-extern "C" fn frame_step(index: u32, ctx: *mut c_void) -> i64 {
-    let w = unsafe { &mut *(ctx as *mut FrameWalk) };
-    if w.frame == 0 {
+extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
+    let Some(buf) = PY_WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    let buf = unsafe { &mut *buf };
+    if buf.walk.frame == 0 {
         return 1;
     }
     let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
@@ -457,59 +485,63 @@ extern "C" fn frame_step(index: u32, ctx: *mut c_void) -> i64 {
         ev.flags |= py_flags::TRUNCATED;
         return 1;
     }
-    let Some(buf) = PY_FRAME_BUF.get_ptr_mut(0) else {
-        return 1;
-    };
-    let buf = unsafe { &mut *buf };
     let rc = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
             buf.bytes.as_mut_ptr() as *mut c_void,
             PY_FRAME_READ as u32,
-            w.frame as *const c_void,
+            buf.walk.frame as *const c_void,
         )
     };
     if rc != 0 {
         ev.flags |= py_flags::READ_FAULT;
         return 1;
     }
-    let previous = field_u64(buf, w.p.frame_previous);
-    let mut meta = field_u8(buf, w.p.frame_owner);
-    if w.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, w.p.frame_is_entry) != 0 {
+    let previous = field_u64(buf, buf.p.frame_previous);
+    let mut meta = field_u8(buf, buf.p.frame_owner);
+    if buf.p.frame_is_entry != PY_NO_OFFSET && field_u8(buf, buf.p.frame_is_entry) != 0 {
         meta |= 1 << 8;
     }
-    if w.find_loops != 0 && meta & 0xff == FRAME_OWNED_BY_CSTACK {
-        w.last_entry = w.frame;
+    if buf.walk.find_loops != 0 && meta & 0xff == FRAME_OWNED_BY_CSTACK {
+        buf.walk.last_entry = buf.walk.frame;
     }
-    let code = field_u64(buf, w.p.frame_code);
+    let code = field_u64(buf, buf.p.frame_code);
     // The code object's identity now: it may be freed before user space reads it.
-    if w.p.code_ids != PY_NO_OFFSET && code != 0 {
-        let at = code.wrapping_add(w.p.code_ids as u64);
-        if let Ok(words) = unsafe { bpf_probe_read_user(at as *const [u64; 4]) } {
-            let ids = py_code_ids(words);
+    if buf.p.code_ids != PY_NO_OFFSET && code != 0 {
+        let at = code.wrapping_add(buf.p.code_ids as u64);
+        // Read into the scratch map, not onto the BPF stack (`WalkScratch`).
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                buf.words.as_mut_ptr() as *mut c_void,
+                core::mem::size_of_val(&buf.words) as u32,
+                at as *const c_void,
+            )
+        };
+        if rc == 0 {
+            let ids = py_code_ids(buf.words);
             meta |= PY_FRAME_HAS_IDS | (ids << 32);
-            let key = CodeKey {
-                tgid: w.tgid,
-                generation: w.p.generation,
+            buf.key = CodeKey {
+                tgid: buf.walk.tgid,
+                generation: buf.p.generation,
                 code,
                 ids,
             };
-            if unsafe { PY_CODES_SENT.get(&key) }.is_none() {
-                send_code(&w.p, &key, &words);
+            if unsafe { PY_CODES_SENT.get(&buf.key) }.is_none() {
+                send_code(&buf.p, &buf.key, &buf.words);
             }
         }
     }
     let slot = &mut ev.frames[index as usize & (PY_MAX_FRAMES - 1)];
     slot.code = code;
-    slot.instr = field_u64(buf, w.p.frame_instr);
+    slot.instr = field_u64(buf, buf.p.frame_instr);
     slot.meta = meta;
-    w.n = index + 1;
+    buf.walk.n = index + 1;
     // Frames live on the thread's data stack (callers below callees) or in generator objects;
     // a frame that is its own caller would loop.
-    if previous == w.frame {
+    if previous == buf.walk.frame {
         ev.flags |= py_flags::CHAIN_LOOP;
         return 1;
     }
-    w.frame = previous;
+    buf.walk.frame = previous;
     0
 }
 

@@ -19,6 +19,8 @@ use crate::trace::multi_uprobe::{self, MultiPrograms};
 pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
 
 mod detach;
+#[cfg(test)]
+mod stack_budget;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
