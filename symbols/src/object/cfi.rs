@@ -304,7 +304,14 @@ mod tests {
         let fde = *cfi.index().first()?;
         let eh = cfi.eh()?;
         let mut ctx = UnwindContext::new();
-        row_from(&eh, &cfi.bases(), fde.offset, vaddr, &mut ctx, RunTimeEndian::Little)
+        row_from(
+            &eh,
+            &cfi.bases(),
+            fde.offset,
+            vaddr,
+            &mut ctx,
+            RunTimeEndian::Little,
+        )
     }
 
     /// Past `paciasp` the rows of a PAC-built arm64 function are read (the saved return
@@ -314,8 +321,16 @@ mod tests {
     fn rows_of_a_function_that_signs_its_return_address() {
         let row = row_at(true, 0x2010).expect("a row inside the function's body");
         assert_eq!(row.cfa, CfaRule::RegisterOffset(31, 16));
-        assert!(row.rules.contains(&(30, Rule::Offset(-8))), "{:?}", row.rules);
-        assert!(row.rules.contains(&(29, Rule::Offset(-16))), "{:?}", row.rules);
+        assert!(
+            row.rules.contains(&(30, Rule::Offset(-8))),
+            "{:?}",
+            row.rules
+        );
+        assert!(
+            row.rules.contains(&(29, Rule::Offset(-16))),
+            "{:?}",
+            row.rules
+        );
         // Before paciasp nothing is signed yet: the CIE's rules.
         assert!(row_at(true, 0x2000).is_some());
     }
