@@ -270,7 +270,7 @@ mod tests {
         cie.extend([4, 0x78, 30]); // code align 4, data align -8, return address x30
         cie.extend([1, 0x1b]); // augmentation data: FDE pointers pcrel sdata4
         cie.extend([0x0c, 31, 0]); // DW_CFA_def_cfa sp, 0
-        while (cie.len() + 4) % 8 != 0 {
+        while !(cie.len() + 4).is_multiple_of(8) {
             cie.push(0); // DW_CFA_nop
         }
         let mut out = (cie.len() as u32).to_le_bytes().to_vec();
@@ -284,7 +284,7 @@ mod tests {
         fde.extend([0x41, 0x2d]); // advance 4; DW_CFA_AARCH64_negate_ra_state
         fde.extend([0x41, 0x0e, 16]); // advance 4; DW_CFA_def_cfa_offset 16
         fde.extend([0x80 | 29, 2, 0x80 | 30, 1]); // x29 at cfa-16, x30 at cfa-8
-        while (fde.len() + 4) % 8 != 0 {
+        while !(fde.len() + 4).is_multiple_of(8) {
             fde.push(0);
         }
         out.extend((fde.len() as u32).to_le_bytes());
