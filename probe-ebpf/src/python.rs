@@ -124,7 +124,8 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
     let Some(scratch) = PY_WALK.get_ptr_mut(0) else {
         return 0;
     };
-    // Raw accesses only: the loop steps change it behind this function's back.
+    // Through the raw pointer: the loop steps change the walk's states behind our back (the
+    // layout `p` stays as copied here).
     unsafe { (*scratch).p = *proc_ };
     let p = unsafe { &(*scratch).p };
     let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
@@ -264,8 +265,8 @@ fn output(ev: &PyStackEvent, frames: usize) {
 /// thread with frames is taken.
 /// Only a thread with one state, found unambiguous, is cached.
 ///
-/// A subprogram of its own: its search context is on the BPF stack beside the frame walk's,
-/// not under it.
+/// A subprogram of its own: its locals stay out of the frame under which the frame walk's
+/// steps run (the deepest chain of BPF stack).
 #[inline(never)]
 fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
     let p = unsafe { &(*scratch).p };

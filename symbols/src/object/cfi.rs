@@ -28,6 +28,11 @@ pub(crate) struct CfiSections {
     pub(crate) text: Option<u64>,
     pub(crate) got: Option<u64>,
     pub(crate) address_size: u8,
+    /// An arm64 object: its CFI may hold `DW_CFA_AARCH64_negate_ra_state` (code built with
+    /// `-mbranch-protection`), which shares its opcode with SPARC's `DW_CFA_GNU_window_save`
+    /// and which gimli only reads as such when told the vendor; else every row of a function
+    /// that signs its return address fails to parse.
+    pub(crate) aarch64: bool,
 }
 
 impl CfiSections {
@@ -52,6 +57,9 @@ impl CfiSections {
         let (_, data) = self.eh_frame.as_ref()?;
         let mut s = EhFrame::new(data, self.endian?);
         s.set_address_size(self.address_size);
+        if self.aarch64 {
+            s.set_vendor(gimli::Vendor::AArch64);
+        }
         Some(s)
     }
 
@@ -59,6 +67,9 @@ impl CfiSections {
         let data = self.debug_frame.as_ref()?;
         let mut s = DebugFrame::new(data, self.endian?);
         s.set_address_size(self.address_size);
+        if self.aarch64 {
+            s.set_vendor(gimli::Vendor::AArch64);
+        }
         Some(s)
     }
 
@@ -243,5 +254,84 @@ impl ObjectInfo {
         } else {
             row_from(&self.cfi.eh()?, &bases, fde.offset, vaddr, ctx, endian)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-assembled arm64 `.eh_frame` at 0x1000 for one function at 0x2000 as GCC
+    /// describes it with `-mbranch-protection=standard`: `paciasp` (then
+    /// `DW_CFA_AARCH64_negate_ra_state`), `stp x29, x30, [sp, #-16]!`, then the body.
+    fn signed_function_eh_frame() -> Vec<u8> {
+        let mut cie = vec![0, 0, 0, 0]; // CIE id
+        cie.extend([1, b'z', b'R', 0]); // version 1, augmentation "zR"
+        cie.extend([4, 0x78, 30]); // code align 4, data align -8, return address x30
+        cie.extend([1, 0x1b]); // augmentation data: FDE pointers pcrel sdata4
+        cie.extend([0x0c, 31, 0]); // DW_CFA_def_cfa sp, 0
+        while !(cie.len() + 4).is_multiple_of(8) {
+            cie.push(0); // DW_CFA_nop
+        }
+        let mut out = (cie.len() as u32).to_le_bytes().to_vec();
+        out.extend(cie);
+        let fde_at = out.len();
+        let mut fde = ((fde_at + 4) as u32).to_le_bytes().to_vec(); // back to the CIE
+        let pc_begin_at = 0x1000 + fde_at + 8;
+        fde.extend((0x2000_i32 - pc_begin_at as i32).to_le_bytes());
+        fde.extend(0x40_u32.to_le_bytes()); // 16 instructions
+        fde.push(0); // no augmentation data
+        fde.extend([0x41, 0x2d]); // advance 4; DW_CFA_AARCH64_negate_ra_state
+        fde.extend([0x41, 0x0e, 16]); // advance 4; DW_CFA_def_cfa_offset 16
+        fde.extend([0x80 | 29, 2, 0x80 | 30, 1]); // x29 at cfa-16, x30 at cfa-8
+        while !(fde.len() + 4).is_multiple_of(8) {
+            fde.push(0);
+        }
+        out.extend((fde.len() as u32).to_le_bytes());
+        out.extend(fde);
+        out.extend([0, 0, 0, 0]); // terminator
+        out
+    }
+
+    fn row_at(aarch64: bool, vaddr: u64) -> Option<UnwindRow> {
+        let cfi = CfiSections {
+            endian: Some(RunTimeEndian::Little),
+            eh_frame: Some((0x1000, Arc::from(signed_function_eh_frame()))),
+            address_size: 8,
+            aarch64,
+            ..Default::default()
+        };
+        let fde = *cfi.index().first()?;
+        let eh = cfi.eh()?;
+        let mut ctx = UnwindContext::new();
+        row_from(
+            &eh,
+            &cfi.bases(),
+            fde.offset,
+            vaddr,
+            &mut ctx,
+            RunTimeEndian::Little,
+        )
+    }
+
+    /// Past `paciasp` the rows of a PAC-built arm64 function are read (the saved return
+    /// address at cfa-8), which takes gimli's AArch64 vendor: without it the row fails to
+    /// parse and the unwinder falls back to frame pointers or stops.
+    #[test]
+    fn rows_of_a_function_that_signs_its_return_address() {
+        let row = row_at(true, 0x2010).expect("a row inside the function's body");
+        assert_eq!(row.cfa, CfaRule::RegisterOffset(31, 16));
+        assert!(
+            row.rules.contains(&(30, Rule::Offset(-8))),
+            "{:?}",
+            row.rules
+        );
+        assert!(
+            row.rules.contains(&(29, Rule::Offset(-16))),
+            "{:?}",
+            row.rules
+        );
+        // Before paciasp nothing is signed yet: the CIE's rules.
+        assert!(row_at(true, 0x2000).is_some());
     }
 }

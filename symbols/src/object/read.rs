@@ -111,6 +111,7 @@ fn parts_of<'d, R: ReadRef<'d>>(data: R) -> Result<Parts> {
     };
     p.cfi.endian = Some(endian);
     p.cfi.address_size = if file.is_64() { 8 } else { 4 };
+    p.cfi.aarch64 = file.architecture() == object::Architecture::Aarch64;
     let loaded = |name: &str| {
         file.section_by_name(name)
             .filter(|s| s.kind() != object::SectionKind::UninitializedData)
