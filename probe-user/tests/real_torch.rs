@@ -815,8 +815,10 @@ fn op_loop_traps(venv: &Path, args: &[&str]) -> (f64, BTreeMap<String, f64>) {
 /// A tensor block costs the traced thread two traps, its MALLOC and FREE reports: torch_npu's
 /// BLOCK_FREE report in between is called from a site without a probe. Counted by the kernel
 /// against the blocks the program's own allocator counts, per iteration of a loop that makes
-/// blocks and runs one operator (`x + x`): at most 2 per block plus the operator's entry; a
-/// probe that saw the BLOCK_FREE reports too would make 3 per block. Without OP_LAUNCH rows
+/// blocks and runs operators (`x + x`): the entries that are not an operator's (each operator
+/// call is one entry and one return; torch_npu's task queue may run more or fewer of them
+/// inside the counted window than the loop made, and 2.5.1 runs more) are 2 per block; a probe
+/// that saw the BLOCK_FREE reports too would make 3 per block. Without OP_LAUNCH rows
 /// (`--events=alloc,free`) the operator is not probed at all: 2 per block, no return probe.
 #[test]
 fn a_tensor_block_costs_two_traps() {
@@ -827,11 +829,21 @@ fn a_tensor_block_costs_two_traps() {
     for venv in &venvs {
         let release = bed_release(venv);
         let (allocs, by) = op_loop_traps(venv, &["--call-stack="]);
-        let traps = by.get("call_entry").copied().unwrap_or(0.0);
+        let entries = by.get("call_entry").copied().unwrap_or(0.0);
+        let operators = ["call_return", "call_return_site"]
+            .iter()
+            .filter_map(|p| by.get(*p))
+            .sum::<f64>();
+        let reports = entries - operators;
         assert!(allocs >= 1.0, "{release}: {allocs} blocks per iteration");
         assert!(
-            traps <= 2.0 * allocs + 1.25 && traps >= 2.0 * allocs - 0.75,
-            "{release}: {traps} uprobe entries per iteration for {allocs} blocks and one operator: {by:?}"
+            (0.5..=2.0).contains(&operators),
+            "{release}: {operators} operator calls per iteration: {by:?}"
+        );
+        assert!(
+            (reports - 2.0 * allocs).abs() <= 0.25,
+            "{release}: {reports} report traps per iteration for {allocs} blocks \
+             ({entries} entries, {operators} of them operators): {by:?}"
         );
     }
     let (allocs, by) = op_loop_traps(&venvs[0], &["--call-stack=", "--events=alloc,free"]);
