@@ -3,8 +3,9 @@
 //! continued once the file's probes are in place, so its first allocation is seen.
 //!
 //! - Which files: those named like a library the agent probes ([`vendor_names`]: the
-//!   Ascend libraries, mstx, the op libraries, torch_npu, and the `--lib` files), by their
-//!   name up to `.so` (`libascend_hal.so.1` too). Any other open is reported as before and
+//!   Ascend libraries, mstx, torch_npu, and the `--lib` files), by their name up to `.so`
+//!   (`libascend_hal.so.1` too). Not the op libraries (`libopapi*.so`): the agent writes no
+//!   OP_LAUNCH rows, so it probes nothing there. Any other open is reported as before and
 //!   never stops anyone.
 //! - Held once per path and cgroup (`CLEARED`): the same path in another container may be
 //!   another file. A file already probed (by device and inode, the planner's identity)
@@ -17,7 +18,6 @@
 //!   holds); the agent then finds its entry gone and does not signal the process again.
 
 use crate::trace::{
-    aclnn,
     holders::{Registry, Taken},
     probes::KNOWN_LIBRARIES,
     torch_npu,
@@ -34,7 +34,6 @@ pub struct Holds {
 pub fn vendor_names(explicit: &[std::path::PathBuf]) -> Vec<String> {
     let mut names: Vec<String> = KNOWN_LIBRARIES
         .iter()
-        .chain(&aclnn::OP_LIBRARIES)
         .chain(&[torch_npu::LIBRARY])
         .map(|n| n.to_string())
         .collect();
@@ -96,5 +95,9 @@ mod tests {
         assert!(names.iter().any(|n| n == "libascend_hal.so"));
         assert!(names.iter().any(|n| n == "libtorch_npu.so"));
         assert!(names.iter().any(|n| n == "libvendor.so"));
+        // The agent probes no operator library, so an open of one stops nobody.
+        for op in crate::trace::aclnn::OP_LIBRARIES {
+            assert!(!names.iter().any(|n| n == op), "{op} is held");
+        }
     }
 }
