@@ -258,6 +258,27 @@ fn rust_target() -> Result<String> {
 }
 
 /// apt-get/apt-cache with the private arm64 state under `apt`.
+/// A private apt state in `apt_dir` for Debian's arm64 `suite` (the host's own lists and
+/// archives untouched), its lists updated; [`apt`] runs a tool on it.
+pub(crate) fn private_apt(apt_dir: &Path, suite: &str) -> Result<PathBuf> {
+    for d in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt_dir.join(d))?;
+    }
+    fs::write(
+        apt_dir.join("sources.list"),
+        format!(
+            "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+             http://deb.debian.org/debian {suite} main\n"
+        ),
+    )?;
+    println!(
+        "{TAG} apt-get update (arm64 {suite}, private lists in {})",
+        apt_dir.display()
+    );
+    cmd::stream(apt("apt-get", apt_dir).arg("update"))?;
+    Ok(apt_dir.to_path_buf())
+}
+
 pub(crate) fn apt(tool: &str, apt_dir: &Path) -> Command {
     let mut c = Command::new(tool);
     let d = apt_dir.display();
@@ -300,22 +321,7 @@ fn arm64_packages() -> Result<VmParts> {
             });
         }
     }
-    let apt_dir = cache.join("apt");
-    for d in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(apt_dir.join(d))?;
-    }
-    fs::write(
-        apt_dir.join("sources.list"),
-        format!(
-            "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-             http://deb.debian.org/debian {SUITE} main\n"
-        ),
-    )?;
-    println!(
-        "{TAG} apt-get update (arm64 {SUITE}, private lists in {})",
-        apt_dir.display()
-    );
-    cmd::stream(apt("apt-get", &apt_dir).arg("update"))?;
+    let apt_dir = private_apt(&cache.join("apt"), SUITE)?;
     // The meta package names the current kernel package.
     let depends = cmd::output(apt("apt-cache", &apt_dir).args(["depends", KERNEL_META]))?;
     let kernel_pkg = depends

@@ -78,14 +78,7 @@ pub fn prepare(repo: &Path) -> Result<String> {
         }
         fs::create_dir_all(dir.parent().unwrap_or(&dir))?;
         run(Command::new("python3").args(["-m", "venv"]).arg(&dir))?;
-        run(Command::new(dir.join("bin/pip"))
-            .args([
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "--no-cache-dir",
-                "--no-deps",
-            ])
+        run(pip_no_deps(&dir)
             .arg(format!("torch=={TORCH}"))
             .args(TORCH_DEPS))?;
         fs::write(dir.join(READY_MARKER), format!("torch=={TORCH}\n"))?;
@@ -93,14 +86,7 @@ pub fn prepare(repo: &Path) -> Result<String> {
     let site = dir.join("lib/python3.11/site-packages");
     if !site.join(NVTX_DIST_INFO).is_dir() {
         // Beds made before NVTX was NVIDIA's own get it here too.
-        run(Command::new(dir.join("bin/pip")).args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-cache-dir",
-            "--no-deps",
-            NVTX_WHEEL,
-        ]))?;
+        run(pip_no_deps(&dir).arg(NVTX_WHEEL))?;
     }
     run(Command::new("make")
         .current_dir(repo)
@@ -142,6 +128,19 @@ fn check(dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `pip install` into the venv of packages without their dependencies.
+fn pip_no_deps(venv: &Path) -> Command {
+    let mut c = Command::new(venv.join("bin/pip"));
+    c.args([
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+        "--no-deps",
+    ]);
+    c
 }
 
 fn run(c: &mut Command) -> Result<()> {

@@ -17,7 +17,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use super::cpio::Cpio;
-use super::{Fixtures, MARK, TAG, apt, rel};
+use super::{Fixtures, MARK, TAG, apt, private_apt, rel};
 use crate::cmd;
 
 /// (torch, torch_npu, numpy requirement): the releases of the x86-64 bed's two layouts
@@ -137,19 +137,7 @@ fn python(cache: &Path) -> Result<PathBuf> {
             host.trim()
         );
     }
-    let apt_dir = cache.join("apt-bookworm");
-    for d in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(apt_dir.join(d))?;
-    }
-    fs::write(
-        apt_dir.join("sources.list"),
-        format!(
-            "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-             http://deb.debian.org/debian {PYTHON_SUITE} main\n"
-        ),
-    )?;
-    println!("{TAG} apt-get update (arm64 {PYTHON_SUITE}, for CPython 3.11)");
-    cmd::stream(apt("apt-get", &apt_dir).arg("update"))?;
+    let apt_dir = private_apt(&cache.join("apt-bookworm"), PYTHON_SUITE)?;
     let debs = cache.join("python-debs");
     let _ = fs::remove_dir_all(&debs);
     fs::create_dir_all(&debs)?;
