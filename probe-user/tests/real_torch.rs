@@ -40,6 +40,7 @@ fn launch(venv: &Path, dir: &Path) -> Run {
             "-o",
             out_dir.to_str().unwrap(),
             "--analysis=leaks,decompose",
+            "--log-level=debug",
             "--",
         ])
         .arg(venv.join("bin/python"))
@@ -535,6 +536,15 @@ fn real_torch_npu_launch_mode() {
         check(&run, &what);
         check_decompose(&run, &what);
         check_perfetto(&run, &dirs.last().unwrap().join("report"), &what);
+        // The simulated aclnnAdd opens with `test %rdx,%rdx`, which the kernel single-steps
+        // (~10 µs a call on the task queue's thread): its probe sits on the `je` after it,
+        // and the ACLNN rows checked above are still exact.
+        assert!(
+            run.stderr
+                .contains("aclnnAdd moved past test: je at +0x3 is emulated"),
+            "{what}: aclnnAdd's probe not moved:\n{}",
+            run.stderr
+        );
         // The whole run is seen from the first instruction: aclInit too.
         assert_eq!(
             run.rows

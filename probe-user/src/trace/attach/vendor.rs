@@ -5,6 +5,7 @@ use super::Planner;
 use super::files::FileId;
 use crate::trace::aclnn;
 use crate::trace::bpf::Bpf;
+use crate::trace::placement;
 use crate::trace::probes::{PROBES, ProbeId};
 use crate::trace::torch_npu;
 use memscope_symbols::ElfObject;
@@ -21,12 +22,20 @@ impl Planner {
         obj: &ElfObject,
     ) -> usize {
         let mut points = Vec::new();
+        let mut moved = Vec::new();
         for name in obj.exported.iter().filter(|n| aclnn::is_op_function(n)) {
             let (Some(sym), Some(index)) = (obj.function(name), aclnn::register(name)) else {
                 continue;
             };
             let cookie = ProbeId::AclnnOp as u64 | (index as u64) << probe_common::COOKIE_HI_SHIFT;
-            points.push((sym.file_offset, cookie));
+            // Placed like the vendor functions: an operator function that opens with an
+            // instruction the kernel single-steps (`test` in the simulated `aclnnAdd`) would
+            // cost ~10 µs a call on the thread that runs the operators, ~1 µs once moved.
+            let place = placement::choose(host, sym.file_offset, sym.size);
+            if place.moved() {
+                moved.push(format!("{name} {}", place.describe()));
+            }
+            points.push((sym.file_offset + place.offset, cookie));
         }
         if points.is_empty() {
             return 0;
@@ -34,9 +43,13 @@ impl Planner {
         match bpf.attach_many(host, &points, true, self.scope) {
             Ok(()) => {
                 self.debug.push(format!(
-                    "probe {} operator functions (aclnn*) of {}",
+                    "probe {} operator functions (aclnn*) of {}, {} of them moved{}{}{}",
                     points.len(),
-                    shown.display()
+                    shown.display(),
+                    moved.len(),
+                    if moved.is_empty() { "" } else { ": " },
+                    moved[..moved.len().min(4)].join("; "),
+                    if moved.len() > 4 { "; ..." } else { "" }
                 ));
                 points.len()
             }
