@@ -210,6 +210,10 @@ fn run(opts: Options) -> Result<u8> {
     offsets.python_stacks = python_depth.map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
     let mut python = python_depth.map(memscope_bpf::events::pystacks::PyStacks::new);
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
+    if opts.call_stack.allocations_only {
+        // The default line: walked at each allocation, not at frees or other calls.
+        bpf.stacks_for_allocations(0)?;
+    }
     // Launch mode stops processes that only we continue: a watchdog continues them if we die
     // or freeze (src/trace/watchdog.rs).
     let watchdog = match opts.mode {

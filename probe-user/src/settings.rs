@@ -424,6 +424,10 @@ pub struct CallStack {
     /// `mixed[:D]` (ours): both stacks, and in the C column each `_PyEval_EvalFrameDefault`
     /// frame is replaced by the Python frames it was running.
     pub mixed: bool,
+    /// Stacks for the calls that allocate only (the default, no `--call-stack`: the line that
+    /// made each block, which is what the leak and site views show); a `--call-stack` given
+    /// on the command line takes every call's.
+    pub allocations_only: bool,
 }
 
 /// `--call-stack`: c[:DEPTH], python[:DEPTH] or mixed[:DEPTH]; an empty value disables stacks.

@@ -227,7 +227,7 @@ fn trace(
     let stack_depth = (opts.stack_depth > 0).then_some(opts.stack_depth);
     let python_depth = python_depth(opts);
     if stack_depth.is_some() {
-        sampling::configure_bpf(&mut bpf, opts.sample_bytes)?;
+        bpf.stacks_for_allocations(opts.sample_bytes)?;
     }
     let mut planner = Planner::new(opts.libs.clone());
     planner.scope = Scope::AllProcesses;

@@ -9,70 +9,9 @@
 //! small allocations are represented in proportion and every large block is there as itself.
 //! Counters (bytes and blocks per owner) never depend on sampling: they come from every event.
 //!
-//! Pool regions registered through the mstx memory API come as one batch per call whose sizes
-//! BPF does not add up: with `R > 0` they carry no stack (their bytes are in the counters).
+//! Which probes carry a size, and the BPF side's setting: `Bpf::stacks_for_allocations`.
 
-use anyhow::{Context, Result, anyhow};
-use aya::maps::{Array, MapData};
-use probe_common::sampling::{
-    MAX_MEAN_BYTES, SAMPLING_MEAN, SAMPLING_ON, SIZE_ALWAYS, SIZE_ARG, SIZE_DATA_I64, SIZE_NONE,
-};
-
-use crate::trace::{bpf::Bpf, probes::ProbeId};
-
-/// Where each allocating probe's size is, for the BPF side. Every other probe gets no stack.
-fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 13] {
-    [
-        // halMemAlloc(void **pp, u64 size, u64 flag), halMemCreate(handle **h, size_t size, ...)
-        (ProbeId::HalMemAlloc, SIZE_ARG | 1),
-        (ProbeId::HalMemCreate, SIZE_ARG | 1),
-        // CUDA: cudaMalloc*(void **p, size_t size, ...), cudaHostAlloc(void **p, size_t, flags),
-        // cuMemCreate(handle *h, size_t size, ...).
-        (ProbeId::CudaMalloc, SIZE_ARG | 1),
-        (ProbeId::CudaMallocAsync, SIZE_ARG | 1),
-        (ProbeId::CudaMallocManaged, SIZE_ARG | 1),
-        (ProbeId::CudaMallocHost, SIZE_ARG | 1),
-        (ProbeId::CudaHostAlloc, SIZE_ARG | 1),
-        (ProbeId::CuMemCreate, SIZE_ARG | 1),
-        // MindSpore: AbstractDynamicMemPool::AllocTensorMem(this, size_t size, ...).
-        (ProbeId::MsAllocTensorMem, SIZE_ARG | 1),
-        // c10::reportMemoryUsageToProfiler(void *ptr, int64_t alloc_size, ...): negative on free.
-        (ProbeId::C10ReportMemoryUsage, SIZE_ARG | 1),
-        // MemoryUsage.alloc_size (i64 at byte 16; negative when the report is a free).
-        (ProbeId::PtaUsageOriginal, SIZE_DATA_I64 | 16),
-        (ProbeId::PtaUsageWithComponent, SIZE_DATA_I64 | 16),
-        (
-            ProbeId::MstxMemRegionsRegister,
-            if mean_bytes == 0 {
-                SIZE_ALWAYS
-            } else {
-                SIZE_NONE
-            },
-        ),
-    ]
-}
-
-/// Turns sampling on in BPF (before any probe is attached): stacks for allocations only,
-/// a byte-weighted sample of mean spacing `mean_bytes` (0: every allocation).
-pub fn configure_bpf(bpf: &mut Bpf, mean_bytes: u64) -> Result<()> {
-    let mut sizes: Array<&mut MapData, u32> = Array::try_from(
-        bpf.map_mut("SAMPLE_SIZES")
-            .ok_or_else(|| anyhow!("BPF map SAMPLE_SIZES missing"))?,
-    )?;
-    for (id, source) in size_sources(mean_bytes) {
-        sizes
-            .set(id as u32, source, 0)
-            .with_context(|| format!("cannot store the size source of {id:?}"))?;
-    }
-    let mut sampling: Array<&mut MapData, u64> = Array::try_from(
-        bpf.map_mut("SAMPLING")
-            .ok_or_else(|| anyhow!("BPF map SAMPLING missing"))?,
-    )?;
-    sampling.set(SAMPLING_MEAN, mean_bytes.min(MAX_MEAN_BYTES), 0)?;
-    sampling
-        .set(SAMPLING_ON, 1, 0)
-        .context("cannot turn stack sampling on")
-}
+use probe_common::sampling::MAX_MEAN_BYTES;
 
 /// The weights of sampled allocations.
 #[derive(Clone, Copy, Debug)]

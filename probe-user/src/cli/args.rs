@@ -201,10 +201,11 @@ pub struct Options {
     pub devices: DeviceFilter,
 
     /// c[:DEPTH] | python[:DEPTH], DEPTH 0..=1000 [default depth: 50];
-    /// an empty value disables stacks [default: python:16, the
-    /// innermost 16 Python frames of a Python program, which hold
-    /// the line of its own code each leak and site names; nothing
-    /// for other programs];
+    /// an empty value disables stacks [default: python:16 at the
+    /// calls that allocate: the innermost 16 Python frames of a
+    /// Python program, which hold the line of its own code each
+    /// leak and site names; nothing for other programs; a value
+    /// given here takes every call's stack];
     /// python: CPython 3.11-3.13 frames read from outside the
     /// process (Call Stack(Python) column); mixed: c and python,
     /// with the Python frames in the C column in place of the

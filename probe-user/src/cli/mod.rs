@@ -122,6 +122,9 @@ where
         ),
     };
     opts.mode = mode;
+    // The default stack is the allocating line: no frames walked for frees and other calls.
+    opts.call_stack.allocations_only =
+        matches.value_source("call_stack") == Some(ValueSource::DefaultValue);
     opts.log_level = log.level();
     opts.output_dir = output.map_or_else(values::default_output_dir, Ok)?;
     opts.steps = cli.steps.map(|List(s)| s).unwrap_or_default();

@@ -129,13 +129,23 @@ fn defaults() {
     assert_eq!(o.analysis, AnalysisSet::CLI_DEFAULT);
     assert!(o.analysis.leaks && o.analysis.oom_top_k.is_none());
     assert!(o.steps.is_empty());
-    // Python programs get their own line by default: the innermost 16 Python frames.
+    // Python programs get their own line by default: the innermost 16 Python frames, at the
+    // calls that allocate.
     assert_eq!(
         o.call_stack,
         CallStack {
             c_depth: None,
             python_depth: Some(16),
-            mixed: false
+            mixed: false,
+            allocations_only: true,
+        }
+    );
+    // The same value given on the command line takes every call's.
+    assert_eq!(
+        launch(&["--call-stack=python:16"]).call_stack,
+        CallStack {
+            allocations_only: false,
+            ..o.call_stack
         }
     );
     assert_eq!(o.collect_mode, CollectMode::Immediate);
@@ -1155,7 +1165,8 @@ fn call_stack_parsing() {
         CallStack {
             c_depth: Some(50),
             python_depth: None,
-            mixed: false
+            mixed: false,
+            allocations_only: false,
         }
     );
     assert_eq!(
@@ -1163,7 +1174,8 @@ fn call_stack_parsing() {
         CallStack {
             c_depth: Some(20),
             python_depth: Some(10),
-            mixed: false
+            mixed: false,
+            allocations_only: false,
         }
     );
     assert_eq!(
@@ -1171,7 +1183,8 @@ fn call_stack_parsing() {
         CallStack {
             c_depth: Some(0),
             python_depth: Some(1000),
-            mixed: false
+            mixed: false,
+            allocations_only: false,
         }
     );
     assert_eq!(
@@ -1179,7 +1192,8 @@ fn call_stack_parsing() {
         CallStack {
             c_depth: Some(30),
             python_depth: Some(10),
-            mixed: true
+            mixed: true,
+            allocations_only: false,
         }
     );
     assert_eq!(

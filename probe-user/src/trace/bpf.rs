@@ -21,6 +21,7 @@ pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
 mod detach;
 #[cfg(test)]
 mod stack_budget;
+mod stack_choice;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
