@@ -147,6 +147,10 @@ pub const PYSTACK_KIND: u16 = 9;
 pub const PY_MAX_FRAMES: usize = 128;
 /// Bytes of an `_PyInterpreterFrame` read at once: every field the walk needs lies in them.
 pub const PY_FRAME_READ: usize = 80;
+/// Bytes of a `PyThreadState` read at once when a cached one is checked: `prev`, `next`,
+/// `native_thread_id` and the frame pointer lie in them (3.11 to 3.13; user space refuses a
+/// layout where they do not).
+pub const PY_TSTATE_READ: usize = 192;
 /// [`PyProcess`] offsets that a version does not have.
 pub const PY_NO_OFFSET: u32 = u32::MAX;
 
@@ -219,8 +223,11 @@ pub const PY_STACK_HEADER: usize =
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyProcess {
     pub runtime: u64,
-    /// `_PyRuntimeState.interpreters.head`.
+    /// `_PyRuntimeState.interpreters.head` and `.main` (the one alive from the start, last in
+    /// the list: several interpreters run when the two differ). BPF reads both at once when
+    /// `.main` follows `.head`, as in 3.11 to 3.13.
     pub interpreters_head: u32,
+    pub interpreters_main: u32,
     /// `PyInterpreterState.next`, `.threads.head`.
     pub interp_next: u32,
     pub interp_threads_head: u32,

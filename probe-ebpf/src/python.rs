@@ -17,8 +17,9 @@ use aya_ebpf::{
 };
 use probe_common::{
     PY_CODE_FILE, PY_CODE_HEADER, PY_CODE_NAME, PY_CODE_TABLE, PY_FRAME_HAS_IDS, PY_FRAME_READ,
-    PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PYCODE_KIND, PYSTACK_KIND, PyCodeEvent,
-    PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags, py_code_ids, py_flags,
+    PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PY_TSTATE_READ, PYCODE_KIND, PYSTACK_KIND,
+    PyCodeEvent, PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags, py_code_ids,
+    py_flags,
 };
 
 use crate::{
@@ -67,6 +68,10 @@ struct WalkScratch {
     loops: LoopWalk,
     /// Room past `PY_FRAME_READ` so a masked field offset stays in bounds.
     bytes: [u8; 2 * PY_FRAME_READ],
+    /// The first `PY_TSTATE_READ` bytes of the thread state `tstate_at` (0: none read), from
+    /// the check of a cached one; room past them for a masked offset.
+    tstate: [u8; TSTATE_MASK + 8],
+    tstate_at: u64,
     /// The frame's code object: its identity words and its key in `PY_CODES_SENT`.
     words: [u64; 4],
     key: CodeKey,
@@ -78,6 +83,11 @@ static PY_WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 /// Field offsets are masked with this: any masked offset plus 8 stays inside `WalkScratch`.
 const FIELD_MASK: usize = 127;
 const _: () = assert!(FIELD_MASK + 8 <= 2 * PY_FRAME_READ && PY_FRAME_READ <= FIELD_MASK);
+
+/// Thread-state field offsets are masked with this (user space keeps them within
+/// `PY_TSTATE_READ`).
+const TSTATE_MASK: usize = 255;
+const _: () = assert!(PY_TSTATE_READ <= TSTATE_MASK + 1);
 
 /// Thread-state lookups give up after this many steps (interpreters plus threads).
 const FIND_STEPS: u32 = 512;
@@ -144,7 +154,12 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         output(ev, 0);
         return 0;
     }
-    let top = read_u64(ev.tstate + p.tstate_frame as u64);
+    // The frame pointer is in the copy of a cached thread state; a searched one is read.
+    let top = if unsafe { (*scratch).tstate_at } == ev.tstate {
+        Some(tstate_u64(unsafe { &*scratch }, p.tstate_frame))
+    } else {
+        read_u64(ev.tstate + p.tstate_frame as u64)
+    };
     let first = match top {
         Some(f) if p.cframe_current_frame == PY_NO_OFFSET => Some(f),
         Some(cframe) if cframe != 0 => read_u64(cframe + p.cframe_current_frame as u64),
@@ -269,17 +284,43 @@ fn output(ev: &PyStackEvent, frames: usize) {
 /// steps run (the deepest chain of BPF stack).
 #[inline(never)]
 fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
+    unsafe { (*scratch).tstate_at = 0 };
     let p = unsafe { &(*scratch).p };
-    let Some(interp) = read_u64(p.runtime + p.interpreters_head as u64) else {
-        return 0;
+    let head_at = p.runtime + p.interpreters_head as u64;
+    // `head` and `main` side by side: one read, and several interpreters run when they differ
+    // (`main` is the first made, last in the list).
+    let (interp, several) = if p.interpreters_main == p.interpreters_head.wrapping_add(8) {
+        match unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) } {
+            Ok([head, main]) => (head, head != 0 && head != main),
+            Err(_) => return 0,
+        }
+    } else {
+        let Some(head) = read_u64(head_at) else {
+            return 0;
+        };
+        (
+            head,
+            head != 0 && read_u64(head + p.interp_next as u64).unwrap_or(0) != 0,
+        )
     };
-    let several = interp != 0 && read_u64(interp + p.interp_next as u64).unwrap_or(0) != 0;
     if !several {
         if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
             let t = *t;
-            if read_u64(t + p.tstate_native_thread_id as u64) == Some(tid as u64)
-                && still_listed(p, interp, t)
+            // Its fields from one copy: the per-read cost of the kernel's user copy is most of
+            // a short walk's.
+            let s = unsafe { &mut *scratch };
+            let rc = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    s.tstate.as_mut_ptr() as *mut c_void,
+                    PY_TSTATE_READ as u32,
+                    t as *const c_void,
+                )
+            };
+            if rc == 0
+                && tstate_u64(s, s.p.tstate_native_thread_id) == tid as u64
+                && still_listed(&s.p, interp, t, tstate_u64(s, s.p.tstate_prev))
             {
+                s.tstate_at = t;
                 return t;
             }
         }
@@ -319,12 +360,18 @@ fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
 /// `prev` names it as `next`, or it is the head. A freed state is not (the allocator writes its
 /// free-list links over `prev` and `next`).
 #[inline(always)]
-fn still_listed(p: &PyProcess, interp: u64, t: u64) -> bool {
-    match read_u64(t + p.tstate_prev as u64) {
-        Some(0) => read_u64(interp + p.interp_threads_head as u64) == Some(t),
-        Some(prev) => read_u64(prev + p.tstate_next as u64) == Some(t),
-        None => false,
+fn still_listed(p: &PyProcess, interp: u64, t: u64, prev: u64) -> bool {
+    match prev {
+        0 => read_u64(interp + p.interp_threads_head as u64) == Some(t),
+        prev => read_u64(prev + p.tstate_next as u64) == Some(t),
     }
+}
+
+/// The u64 at `off` in the copy of a thread state (masked into the buffer).
+#[inline(always)]
+fn tstate_u64(s: &WalkScratch, off: u32) -> u64 {
+    let off = off as usize & TSTATE_MASK;
+    unsafe { core::ptr::read_unaligned(s.tstate.as_ptr().add(off) as *const u64) }
 }
 
 /// The thread-state search's state (in `PY_WALK`).

@@ -77,6 +77,8 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
                 frame_is_entry| PyProcess {
         runtime: 0,
         interpreters_head,
+        // `struct pyinterpreters { mutex; head; main; next_id; }` in 3.11 to 3.13.
+        interpreters_main: interpreters_head + 8,
         interp_next,
         interp_threads_head,
         tstate_prev: 0,
@@ -164,6 +166,10 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
     let frame_field = |i: usize| -> Option<u32> {
         small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_FRAME_READ)
     };
+    // The fields BPF reads out of one `PY_TSTATE_READ`-byte copy of a thread state.
+    let tstate_field = |i: usize| -> Option<u32> {
+        small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_TSTATE_READ)
+    };
     let base = layout_for(3, 13)?;
     Some(PyLayout {
         major,
@@ -171,12 +177,14 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
         walk: PyProcess {
             runtime: 0,
             interpreters_head: small(5)?,
+            // Not in 3.13's table: next to `head`, as in the static layout.
+            interpreters_main: small(5)? + 8,
             interp_next: small(8)?,
             interp_threads_head: small(9)?,
-            tstate_prev: small(20)?,
-            tstate_next: small(21)?,
-            tstate_native_thread_id: small(25)?,
-            tstate_frame: small(23)?,
+            tstate_prev: tstate_field(20)?,
+            tstate_next: tstate_field(21)?,
+            tstate_native_thread_id: tstate_field(25)?,
+            tstate_frame: tstate_field(23)?,
             cframe_current_frame: PY_NO_OFFSET,
             frame_code: frame_field(30)?,
             frame_previous: frame_field(29)?,

@@ -200,3 +200,22 @@ fn a_code_record_gives_back_the_names_and_line_table_bpf_copied() {
     };
     assert!(code_record_from_bytes(bytes).is_none());
 }
+
+#[test]
+fn a_thread_states_fields_fit_one_read() {
+    // BPF checks a cached thread state from one copy of its first PY_TSTATE_READ bytes.
+    for minor in 11..=13 {
+        let w = layout_for(3, minor).unwrap().walk;
+        for off in [
+            w.tstate_prev,
+            w.tstate_next,
+            w.tstate_native_thread_id,
+            w.tstate_frame,
+        ] {
+            assert!(
+                off as usize + 8 <= probe_common::PY_TSTATE_READ,
+                "3.{minor}: {off}"
+            );
+        }
+    }
+}
