@@ -63,6 +63,8 @@ static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries
 #[repr(C)]
 struct WalkScratch {
     p: PyProcess,
+    /// The process whose layout `p` is.
+    p_pid: u32,
     find: ThreadFind,
     walk: FrameWalk,
     loops: LoopWalk,
@@ -135,8 +137,14 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         return 0;
     };
     // Through the raw pointer: the loop steps change the walk's states behind our back (the
-    // layout `p` stays as copied here).
-    unsafe { (*scratch).p = *proc_ };
+    // layout `p` stays as copied here). Copied only when this CPU last walked another process
+    // or configuration (generations are never reused): the copy is a byte loop in BPF.
+    unsafe {
+        if (*scratch).p_pid != tgid || (*scratch).p.generation != proc_.generation {
+            (*scratch).p = *proc_;
+            (*scratch).p_pid = tgid;
+        }
+    };
     let p = unsafe { &(*scratch).p };
     let Some(ev) = PY_SCRATCH.get_ptr_mut(0) else {
         return 0;
