@@ -14,7 +14,12 @@ use super::Bpf;
 use crate::trace::probes::ProbeId;
 
 /// Where each allocating probe's size is, for the BPF side. Every other probe gets no stack.
-fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 13] {
+fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 14] {
+    let every_one = if mean_bytes == 0 {
+        SIZE_ALWAYS
+    } else {
+        SIZE_NONE
+    };
     [
         // halMemAlloc(void **pp, u64 size, u64 flag), halMemCreate(handle **h, size_t size, ...)
         (ProbeId::HalMemAlloc, SIZE_ARG | 1),
@@ -36,14 +41,11 @@ fn size_sources(mean_bytes: u64) -> [(ProbeId, u32); 13] {
         (ProbeId::PtaUsageWithComponent, SIZE_DATA_I64 | 16),
         // Pool regions registered through the mstx memory API come as one batch per call
         // whose sizes BPF does not add up: sampled, they carry no stack.
-        (
-            ProbeId::MstxMemRegionsRegister,
-            if mean_bytes == 0 {
-                SIZE_ALWAYS
-            } else {
-                SIZE_NONE
-            },
-        ),
+        (ProbeId::MstxMemRegionsRegister, every_one),
+        // MindSpore's task push allocates nothing, but its Python line is the one the task's
+        // blocks get (they are allocated on worker threads with no Python frame:
+        // `state::tasks`).
+        (ProbeId::MsTaskPush, every_one),
     ]
 }
 
