@@ -54,6 +54,8 @@ struct Figures {
     hits: f64,
     /// Time inside the BPF programs, per iteration (counting round only).
     bpf_us: f64,
+    /// The loop thread's write() calls per iteration: torch_npu's wakeups of its queue thread.
+    writes: f64,
     /// Hits per program, `name:hits,...` (counting round only).
     by_program: String,
 }
@@ -66,7 +68,12 @@ impl Bench {
             println!("{TAG} torch: SKIPPED ({} not installed)", venv.display());
             return Ok(());
         }
-        let iters = if self.opts.quick { 3_000 } else { 10_000 };
+        // `MEMSCOPE_BENCH_TORCH_ITERS=N`: a longer timed loop (each run's start-up, ~7 s,
+        // dwarfs it; a longer one evens out the scheduling of the loop's two threads).
+        let iters = std::env::var("MEMSCOPE_BENCH_TORCH_ITERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if self.opts.quick { 3_000 } else { 10_000 });
         let baseline = std::env::var_os("MEMSCOPE_BENCH_BASELINE").map(PathBuf::from);
         let mut runs = vec![Run {
             key: "untraced".into(),
@@ -130,7 +137,7 @@ impl Bench {
                     .with_context(|| format!("torch loop under {}", r.desc))?;
                 println!(
                     "{TAG}   {} {:28} cpu {:7.2} µs/it, wall {:7.2}, tracer cpu {:7.2}, hits {:.2}, \
-                     in BPF {:.2} µs/it, by program: {}",
+                     in BPF {:.2} µs/it, writes {:.2}/it, by program: {}",
                     if count {
                         "hits".to_string()
                     } else {
@@ -142,6 +149,7 @@ impl Bench {
                     f.tracer_cpu_us,
                     f.hits,
                     f.bpf_us,
+                    f.writes,
                     f.by_program
                 );
                 let w = "torch-2.8.0";
@@ -153,6 +161,7 @@ impl Bench {
                     self.sample("torch", w, &r.key, round, "cpu_us", f.cpu_us);
                     self.sample("torch", w, &r.key, round, "wall_us", f.wall_us);
                     self.sample("torch", w, &r.key, round, "tracer_cpu_us", f.tracer_cpu_us);
+                    self.sample("torch", w, &r.key, round, "writes", f.writes);
                 }
             }
         }
@@ -222,6 +231,7 @@ impl Bench {
             tracer_cpu_us: field("tracer_cpu_us")?,
             hits: field("hits")?,
             bpf_us: field("bpf_us")?,
+            writes: field("writes")?,
             by_program: stdout
                 .lines()
                 .find(|l| l.starts_with("RESULT "))
@@ -328,7 +338,10 @@ impl Bench {
              neighbours take; *tracer CPU* is the CPU all the tracer's threads ran during the \
              loop, per iteration; *probe hits* are its BPF program runs per iteration and *in BPF* \
              the time spent inside those programs (one extra round with the kernel's BPF \
-             statistics on, which add two clock reads per run). Load average before and after: \
+             statistics on, which add two clock reads per run); *queue wakeups* are the loop \
+             thread's write() calls per iteration, torch_npu's eventfd wakeups of its task \
+             queue's thread (asleep on an empty queue), a system call and a wakeup on the traced \
+             thread's CPU whose count depends on how fast each side runs. Load average before and after: \
              `{}` / `{}`.{}\n",
             self.opts.rounds,
             load_before.trim(),
@@ -340,22 +353,23 @@ impl Bench {
         )?;
         writeln!(
             md,
-            "| configuration | thread CPU µs/iteration (min-max) | × untraced | wall µs/iteration | tracer CPU µs/iteration | probe hits/iteration | in BPF µs/iteration |"
+            "| configuration | thread CPU µs/iteration (min-max) | × untraced | wall µs/iteration | queue wakeups/iteration | tracer CPU µs/iteration | probe hits/iteration | in BPF µs/iteration |"
         )?;
-        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
         for r in runs {
             let v = self.values("torch", w, &r.key, "cpu_us");
             let (lo, hi) = spread(&v);
             let hits = med(self, &r.key, "hits");
             writeln!(
                 md,
-                "| {} | {:.2} ({:.2}-{:.2}) | {:.2} | {:.2} | {} | {} | {} |",
+                "| {} | {:.2} ({:.2}-{:.2}) | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
                 r.desc,
                 median(&v),
                 lo,
                 hi,
                 median(&v) / base,
                 med(self, &r.key, "wall_us"),
+                med(self, &r.key, "writes"),
                 match med(self, &r.key, "tracer_cpu_us") {
                     t if t < 0.0 || t.is_nan() => "-".to_string(),
                     t => format!("{t:.2}"),
