@@ -208,7 +208,11 @@ fn run(opts: Options) -> Result<u8> {
         .map(|d| d as usize);
     // BPF reads no frame past the depth asked for.
     offsets.python_stacks = python_depth.map_or(0, |d| d.min(probe_common::PY_MAX_FRAMES) as u32);
-    let mut python = python_depth.map(memscope_bpf::events::pystacks::PyStacks::new);
+    let mut python = python_depth.map(|depth| {
+        let mut py = memscope_bpf::events::pystacks::PyStacks::new(depth);
+        py.allocations_only = opts.call_stack.allocations_only;
+        py
+    });
     let (mut bpf, ring) = bpf::Bpf::load(&offsets, opts.ring_buffer_mib.saturating_mul(1 << 20))?;
     if opts.call_stack.allocations_only {
         // The default line: walked at each allocation, not at frees or other calls.

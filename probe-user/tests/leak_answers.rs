@@ -218,6 +218,35 @@ fn real_torch_leaks_name_the_tensor_its_line_and_step_with_no_options() {
         //    lists is a line of the script that made a tensor.
         let dump = find_files(&proc_dir, "memscope_dump_");
         assert_eq!(dump.len(), 1, "{release}");
+        // The default walks the Python stack where a block is made, not where it is freed:
+        // every tensor block the script's (main) thread made has frames, the kept ones the
+        // script's line among them; none of its frees has any.
+        let records = parse_dump_records(&fs::read_to_string(&dump[0]).unwrap());
+        let tensor_rows = |event: &str| -> Vec<&Vec<String>> {
+            records
+                .iter()
+                .filter(|r| r[1] == event && r[2] == "PTA" && r[6] == pid.to_string())
+                .collect()
+        };
+        let (mallocs, frees) = (tensor_rows("MALLOC"), tensor_rows("FREE"));
+        assert!(!mallocs.is_empty() && !frees.is_empty(), "{release}");
+        for r in &mallocs {
+            assert!(
+                r[10].ends_with('\n') && !r[10].starts_with("[python"),
+                "{release}: a MALLOC without frames: {r:?}"
+            );
+        }
+        let script = torch_script().display().to_string();
+        for k in &kept {
+            let r = mallocs
+                .iter()
+                .find(|r| r[8] == format!("0x{:016x}", k.ptr))
+                .unwrap_or_else(|| panic!("{release}: no MALLOC row for {k:?}"));
+            assert!(r[10].contains(&script), "{release}: {k:?}: {r:?}");
+        }
+        for r in &frees {
+            assert_eq!(r[10], "", "{release}: a FREE walked by default: {r:?}");
+        }
         let a = Command::new(TRACER)
             .args(["analyze", "--by-site", "--at=peak", "-i"])
             .arg(&dump[0])

@@ -139,6 +139,9 @@ pub struct PyStacks {
     last_looked: Option<u32>,
     /// Counts configurations: BPF keys the code objects it has sent by it (`PyProcess`).
     generation: u32,
+    /// BPF walks at the calls that allocate only (the default line): a call of a Python
+    /// process without a sample was left unwalked on purpose, and its column stays empty.
+    pub allocations_only: bool,
 }
 
 /// What [`PyStacks::configure`] found, for the caller to hand to BPF.
@@ -157,6 +160,7 @@ impl PyStacks {
             procs: HashMap::new(),
             last_looked: None,
             generation: 0,
+            allocations_only: false,
         }
     }
 
@@ -268,17 +272,17 @@ impl PyStacks {
         }
     }
 
-    /// The text for a call of `pid` that came without a Python sample.
-    pub fn without_sample(&self, pid: u32) -> Arc<str> {
-        Arc::from(
-            match self.procs.get(&pid) {
-                Some(ProcState::Unknown(m)) => PyStack::marker(m),
-                // A known interpreter whose BPF walk did not run (configured after the call).
-                Some(ProcState::Python(_)) => PyStack::marker(NO_THREAD_STATE),
-                _ => PyStack::marker(NO_INTERPRETER),
-            }
-            .text(),
-        )
+    /// The text for a call of `pid` that came without a Python sample (None: no text, a call
+    /// the default line does not walk).
+    pub fn without_sample(&self, pid: u32) -> Option<Arc<str>> {
+        let marker = match self.procs.get(&pid) {
+            Some(ProcState::Unknown(m)) => PyStack::marker(m),
+            Some(ProcState::Python(_)) if self.allocations_only => return None,
+            // A known interpreter whose BPF walk did not run (configured after the call).
+            Some(ProcState::Python(_)) => PyStack::marker(NO_THREAD_STATE),
+            _ => PyStack::marker(NO_INTERPRETER),
+        };
+        Some(Arc::from(marker.text()))
     }
 
     /// Resolves a sample now, while the process is alive to read its code objects.

@@ -44,7 +44,7 @@ impl Session {
             // and no marker text to make for each call of the node's processes.
             return text;
         }
-        Some(text.unwrap_or_else(|| py.without_sample(call.pid)))
+        text.or_else(|| py.without_sample(call.pid))
     }
 
     /// Pairs a call with the stack sample BPF sent for it (same thread, same `ts_ns`).

@@ -29,22 +29,17 @@ fn has_frames(stack: &str) -> bool {
 }
 
 impl TaskStacks {
-    /// Follows `ev` through the pipeline; `own` is the Python stack BPF took for it, replaced
-    /// by the enqueuer's when it has no frames and its thread is running a task.
+    /// Follows `ev` through the pipeline; `own` is the Python stack BPF took for it (None: no
+    /// walk, Python stacks off or a call the default line leaves out), replaced by the
+    /// enqueuer's when it has no frames and its thread is running a task.
     pub fn carry(&mut self, ev: &CallEvent, own: &mut Option<Arc<str>>) {
-        // Without Python stacks (`own` None) there is nothing to carry.
-        let Some(stack) = own.as_ref() else { return };
-        let framed = has_frames(stack);
+        let framed = own.as_deref().is_some_and(has_frames);
         let inherited = (!framed)
             .then(|| self.running.get(&ev.tid).cloned())
             .flatten();
         match &ev.call {
             Call::MsTaskPush { task } => {
-                let carried = if framed {
-                    Some(stack.clone())
-                } else {
-                    inherited
-                };
+                let carried = if framed { own.clone() } else { inherited };
                 match carried {
                     Some(s) => {
                         if self.waiting.len() >= MAX_WAITING {
@@ -134,5 +129,22 @@ mod tests {
         let mut own = None;
         t.carry(&ev(1, Call::MsTaskPush { task: 0xd }), &mut own);
         assert!(t.waiting.is_empty() && own.is_none());
+    }
+
+    #[test]
+    fn a_task_started_without_a_walk_still_gives_its_line() {
+        // The default line walks the push (and allocations), not the worker's start of the
+        // task: a start with no stack of its own still hands the task's line on.
+        let py = "train.py:7 step\n";
+        let none = "[python: no thread state]\n";
+        let mut t = TaskStacks::default();
+        apply(&mut t, 1, Call::MsTaskPush { task: 0xa }, py);
+        let mut own = None;
+        t.carry(&ev(3, Call::MsTaskRun { task: 0xa }), &mut own);
+        assert!(own.is_none());
+        assert_eq!(apply(&mut t, 3, alloc(), none), py);
+        let mut own = None;
+        t.carry(&ev(3, alloc()), &mut own);
+        assert_eq!(own.as_deref(), Some(py));
     }
 }
