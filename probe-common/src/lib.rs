@@ -223,11 +223,10 @@ pub const PY_STACK_HEADER: usize =
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyProcess {
     pub runtime: u64,
-    /// `_PyRuntimeState.interpreters.head` and `.main` (the one alive from the start, last in
-    /// the list: several interpreters run when the two differ). BPF reads both at once when
-    /// `.main` follows `.head`, as in 3.11 to 3.13.
+    /// `_PyRuntimeState.interpreters.head`, which `.main` follows in 3.11 to 3.13 (`struct
+    /// pyinterpreters { mutex; head; main; next_id; }`): BPF reads both at once, and several
+    /// interpreters run when the two differ (`main`, the first made, is last in the list).
     pub interpreters_head: u32,
-    pub interpreters_main: u32,
     /// `PyInterpreterState.next`, `.threads.head`.
     pub interp_next: u32,
     pub interp_threads_head: u32,

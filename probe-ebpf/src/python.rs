@@ -294,22 +294,12 @@ fn output(ev: &PyStackEvent, frames: usize) {
 fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
     unsafe { (*scratch).tstate_at = 0 };
     let p = unsafe { &(*scratch).p };
+    // `head` and `main` side by side (`PyProcess::interpreters_head`): one read, and several
+    // interpreters run when they differ.
     let head_at = p.runtime + p.interpreters_head as u64;
-    // `head` and `main` side by side: one read, and several interpreters run when they differ
-    // (`main` is the first made, last in the list).
-    let (interp, several) = if p.interpreters_main == p.interpreters_head.wrapping_add(8) {
-        match unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) } {
-            Ok([head, main]) => (head, head != 0 && head != main),
-            Err(_) => return 0,
-        }
-    } else {
-        let Some(head) = read_u64(head_at) else {
-            return 0;
-        };
-        (
-            head,
-            head != 0 && read_u64(head + p.interp_next as u64).unwrap_or(0) != 0,
-        )
+    let (interp, several) = match unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) } {
+        Ok([head, main]) => (head, head != 0 && head != main),
+        Err(_) => return 0,
     };
     if !several {
         if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
@@ -375,11 +365,10 @@ fn still_listed(p: &PyProcess, interp: u64, t: u64, prev: u64) -> bool {
     }
 }
 
-/// The u64 at `off` in the copy of a thread state (masked into the buffer).
+/// The u64 at `off` in the copy of a thread state.
 #[inline(always)]
 fn tstate_u64(s: &WalkScratch, off: u32) -> u64 {
-    let off = off as usize & TSTATE_MASK;
-    unsafe { core::ptr::read_unaligned(s.tstate.as_ptr().add(off) as *const u64) }
+    masked_u64(s.tstate.as_ptr(), off, TSTATE_MASK)
 }
 
 /// The thread-state search's state (in `PY_WALK`).
@@ -504,8 +493,14 @@ const FRAME_OWNED_BY_CSTACK: u64 = 3;
 /// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
 #[inline(always)]
 fn field_u64(buf: &WalkScratch, off: u32) -> u64 {
-    let off = off as usize & FIELD_MASK;
-    unsafe { core::ptr::read_unaligned(buf.bytes.as_ptr().add(off) as *const u64) }
+    masked_u64(buf.bytes.as_ptr(), off, FIELD_MASK)
+}
+
+/// The u64 at `off & mask` from `bytes`, a buffer of at least `mask + 8` bytes: the mask keeps
+/// a field offset from user space inside it, for the verifier and for us.
+#[inline(always)]
+fn masked_u64(bytes: *const u8, off: u32, mask: usize) -> u64 {
+    unsafe { core::ptr::read_unaligned(bytes.add(off as usize & mask) as *const u64) }
 }
 
 #[inline(always)]

@@ -257,10 +257,9 @@ fn rust_target() -> Result<String> {
     Ok(TARGET.to_owned())
 }
 
-/// apt-get/apt-cache with the private arm64 state under `apt`.
 /// A private apt state in `apt_dir` for Debian's arm64 `suite` (the host's own lists and
 /// archives untouched), its lists updated; [`apt`] runs a tool on it.
-pub(crate) fn private_apt(apt_dir: &Path, suite: &str) -> Result<PathBuf> {
+pub(crate) fn private_apt(apt_dir: &Path, suite: &str) -> Result<()> {
     for d in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(apt_dir.join(d))?;
     }
@@ -275,10 +274,10 @@ pub(crate) fn private_apt(apt_dir: &Path, suite: &str) -> Result<PathBuf> {
         "{TAG} apt-get update (arm64 {suite}, private lists in {})",
         apt_dir.display()
     );
-    cmd::stream(apt("apt-get", apt_dir).arg("update"))?;
-    Ok(apt_dir.to_path_buf())
+    cmd::stream(apt("apt-get", apt_dir).arg("update"))
 }
 
+/// apt-get/apt-cache with the private arm64 state under `apt_dir`.
 pub(crate) fn apt(tool: &str, apt_dir: &Path) -> Command {
     let mut c = Command::new(tool);
     let d = apt_dir.display();
@@ -321,7 +320,8 @@ fn arm64_packages() -> Result<VmParts> {
             });
         }
     }
-    let apt_dir = private_apt(&cache.join("apt"), SUITE)?;
+    let apt_dir = cache.join("apt");
+    private_apt(&apt_dir, SUITE)?;
     // The meta package names the current kernel package.
     let depends = cmd::output(apt("apt-cache", &apt_dir).args(["depends", KERNEL_META]))?;
     let kernel_pkg = depends

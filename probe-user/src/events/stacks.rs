@@ -330,9 +330,7 @@ fn as_if_called(job: &Job) -> Option<StackSample> {
     // Both in the same mapping of the same file, as code of one object is.
     let callee = job.view.lookup(target)?;
     if callee.file_offset != target_offset
-        || !callee
-            .module()
-            .is_some_and(|m| Arc::ptr_eq(m, module) || m.inode == module.inode)
+        || callee.module().is_none_or(|m| m.inode != module.inode)
     {
         return None;
     }

@@ -635,13 +635,15 @@ const ASCEND: [ProbeDef; 63] = [
         id: ProbeId::PtaUsageOriginal,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: crate::trace::torch_npu::probe_spec(2),
+        spec: crate::trace::torch_npu::probe_spec(crate::trace::torch_npu::UsageLayout::Original),
     },
     ProbeDef {
         id: ProbeId::PtaUsageWithComponent,
         symbol: "torch_npu::profiler::reportMemoryDataToNpuProfiler",
         home: Home::TorchNpu,
-        spec: crate::trace::torch_npu::probe_spec(3),
+        spec: crate::trace::torch_npu::probe_spec(
+            crate::trace::torch_npu::UsageLayout::WithComponent,
+        ),
     },
     // aclnnStatus aclnnX(void *workspace, u64 workspaceSize, aclOpExecutor *executor,
     // aclrtStream stream): entry and return date the operator. The executor's first word is

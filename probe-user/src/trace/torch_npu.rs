@@ -74,6 +74,16 @@ pub enum UsageLayout {
     WithComponent,
 }
 
+impl UsageLayout {
+    /// Where `data_type` lies in the struct.
+    pub const fn data_type_at(self) -> u32 {
+        match self {
+            UsageLayout::Original => 2,
+            UsageLayout::WithComponent => 3,
+        }
+    }
+}
+
 impl fmt::Display for UsageLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -129,7 +139,8 @@ pub fn locate(path: &Path) -> Result<ReportSite> {
         "report function (called from both malloc and free, or named in .symtab)",
         &candidates.into_iter().collect::<Vec<_>>(),
     )?;
-    let callers = image.direct_calls_to(target)?.len();
+    let calls = image.direct_calls_to(target)?;
+    let callers = calls.len();
     if callers < 3 {
         bail!("the report function candidate at {target:#x} has only {callers} direct callers");
     }
@@ -148,26 +159,22 @@ pub fn locate(path: &Path) -> Result<ReportSite> {
         file_offset,
         layout,
         callers,
-        probes: probe_sites(&image, target, layout)?,
+        probes: probe_sites(&image, target, &calls, layout)?,
         version: wheel_version(path),
     })
 }
 
-/// The call sites to probe instead of the entry, or [`Probes::Entry`] when the calls may not
-/// all be direct ones.
-fn probe_sites(image: &Image, target: u64, layout: UsageLayout) -> Result<Probes> {
+/// The call sites to probe instead of the entry (of `calls`, the direct calls of `target`),
+/// or [`Probes::Entry`] when the calls may not all be direct ones.
+fn probe_sites(image: &Image, target: u64, calls: &[u64], layout: UsageLayout) -> Result<Probes> {
     if !image.direct_jumps_to(target)?.is_empty()
         || !image.address_loads(target)?.is_empty()
         || image.relocated_to(target)
     {
         return Ok(Probes::Entry);
     }
-    let data_type_at = match layout {
-        UsageLayout::Original => 2,
-        UsageLayout::WithComponent => 3,
-    };
     let (mut sites, mut block_free) = (Vec::new(), 0);
-    for at in image.direct_calls_to(target)? {
+    for &at in calls {
         // The byte scan may find a call's bytes inside another instruction: only a call that
         // decodes as one in its function is a site (a probe there must start an instruction).
         let site = image
@@ -177,7 +184,7 @@ fn probe_sites(image: &Image, target: u64, layout: UsageLayout) -> Result<Probes
         let (Some(site), Some(offset)) = (site, image.file_offset(at)) else {
             return Ok(Probes::Entry);
         };
-        if stored_data_type(&site, data_type_at) == Some(BLOCK_FREE) {
+        if stored_data_type(&site, layout.data_type_at()) == Some(BLOCK_FREE) {
             block_free += 1;
         } else {
             sites.push(offset);
@@ -191,17 +198,22 @@ fn probe_sites(image: &Image, target: u64, layout: UsageLayout) -> Result<Probes
 
 /// The `data_type` a call site's own stores give its `MemoryUsage` (the byte at
 /// `data_type_at` past the `device_type = PrivateUse1` store), when they say it.
-fn stored_data_type(site: &CallSite, data_type_at: i64) -> Option<u8> {
-    let (base, at) = site
+fn stored_data_type(site: &CallSite, data_type_at: u32) -> Option<u8> {
+    let frame = site
         .stores
         .iter()
         .rev()
         .find(|s| s.width == 1 && s.value == Some(PRIVATE_USE1))
         .map(|s| (s.base, s.offset))?;
+    stored_byte(site, frame, data_type_at as i64)
+}
+
+/// The byte a call site's last store to `frame + k` wrote, when the store says it.
+fn stored_byte(site: &CallSite, (base, at): (u32, i64), k: i64) -> Option<u8> {
     site.stores
         .iter()
         .rev()
-        .find(|s| s.base == base && s.offset == at + data_type_at)
+        .find(|s| s.base == base && s.offset == at + k)
         .and_then(|s| s.value)
 }
 
@@ -255,15 +267,8 @@ fn report_calls(image: &Image, anchor: &[u8]) -> Result<Vec<ReportCall>> {
 
 /// Reads the bytes stored at `frame + 2` and `frame + 3` before a FREE report (the last store
 /// to each byte wins).
-fn layout_at(site: &CallSite, (base, at): (u32, i64)) -> Result<UsageLayout> {
-    let byte = |k: i64| {
-        site.stores
-            .iter()
-            .rev()
-            .find(|s| s.base == base && s.offset == at + k)
-            .and_then(|s| s.value)
-    };
-    match (byte(2), byte(3)) {
+fn layout_at(site: &CallSite, frame: (u32, i64)) -> Result<UsageLayout> {
+    match (stored_byte(site, frame, 2), stored_byte(site, frame, 3)) {
         (Some(1), _) => Ok(UsageLayout::Original),
         (Some(0), Some(1)) => Ok(UsageLayout::WithComponent),
         (b2, b3) => bail!(
@@ -412,16 +417,16 @@ pub enum DataType {
 /// `data_type` of a BLOCK_FREE report (BPF drops those calls: [`probe_spec`]).
 pub const BLOCK_FREE: u8 = 2;
 
-/// The report function's probe for a `MemoryUsage` with its `data_type` at `data_type_at`:
-/// the struct is copied at entry, and a BLOCK_FREE report (one per freed block, just before
-/// the block's FREE, which carries the totals after the whole free) is dropped in BPF before
-/// any stack is read for it, since no row needs it.
-pub const fn probe_spec(data_type_at: u32) -> probe_common::ProbeSpec {
+/// The report function's probe for a `MemoryUsage` of `layout`: the struct is copied at
+/// entry, and a BLOCK_FREE report (one per freed block, just before the block's FREE, which
+/// carries the totals after the whole free) is dropped in BPF by its `data_type` before any
+/// stack is read for it, since no row needs it.
+pub const fn probe_spec(layout: UsageLayout) -> probe_common::ProbeSpec {
     use probe_common::spec_flags as sf;
     probe_common::ProbeSpec {
         flags: sf::DATA_IS_BYTES | sf::SKIP_BYTE,
         data_len: USAGE_SIZE,
-        skip_off: data_type_at,
+        skip_off: layout.data_type_at(),
         skip_value: BLOCK_FREE as u32,
         ..crate::trace::probes::NONE
     }

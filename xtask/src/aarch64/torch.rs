@@ -137,7 +137,8 @@ fn python(cache: &Path) -> Result<PathBuf> {
             host.trim()
         );
     }
-    let apt_dir = private_apt(&cache.join("apt-bookworm"), PYTHON_SUITE)?;
+    let apt_dir = cache.join("apt-bookworm");
+    private_apt(&apt_dir, PYTHON_SUITE)?;
     let debs = cache.join("python-debs");
     let _ = fs::remove_dir_all(&debs);
     fs::create_dir_all(&debs)?;

@@ -77,8 +77,6 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
                 frame_is_entry| PyProcess {
         runtime: 0,
         interpreters_head,
-        // `struct pyinterpreters { mutex; head; main; next_id; }` in 3.11 to 3.13.
-        interpreters_main: interpreters_head + 8,
         interp_next,
         interp_threads_head,
         tstate_prev: 0,
@@ -177,8 +175,6 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
         walk: PyProcess {
             runtime: 0,
             interpreters_head: small(5)?,
-            // Not in 3.13's table: next to `head`, as in the static layout.
-            interpreters_main: small(5)? + 8,
             interp_next: small(8)?,
             interp_threads_head: small(9)?,
             tstate_prev: tstate_field(20)?,
