@@ -134,7 +134,9 @@ fn send_batch(b: &mut CallBatch, n: usize) {
     unsafe { core::ptr::write_volatile(&mut b.count, n as u32) };
     let len = BATCH_HEADER + n * 8;
     let bytes = unsafe { core::slice::from_raw_parts(b as *const CallBatch as *const u8, len) };
-    if EVENTS.output::<[u8]>(bytes, batched_wake_flags()).is_err()
+    if EVENTS
+        .output::<[u8]>(bytes, batched_wake_flags(len))
+        .is_err()
         && let Some(c) = COUNTERS.get_ptr_mut(counter::RINGBUF_FULL)
     {
         unsafe { *c += b.calls as u64 };

@@ -399,7 +399,7 @@ fn finish_call(ctx: &RetProbeContext, call: &PendingSlot) -> Option<()> {
     }
     // Written straight into the ring buffer, field by field (no per-CPU scratch event, and
     // no header built on the stack first: 104 bytes of the 512).
-    let wake = batched_wake_flags();
+    let wake = batched_wake_flags(core::mem::size_of::<CallHeader>());
     let Some(mut entry) = EVENTS.reserve::<CallHeader>(0) else {
         bump(counter::RINGBUF_FULL);
         return None;

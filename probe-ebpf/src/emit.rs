@@ -17,14 +17,22 @@ pub(crate) const BPF_RB_FORCE_WAKEUP: u64 = 2;
 pub(crate) const BPF_RB_AVAIL_DATA: u64 = 0;
 pub(crate) const BPF_RB_RING_SIZE: u64 = 1;
 /// Call events wake user space only once this much is waiting (about 700 records); below it
-/// the session's 100 ms tick drains them. A wakeup per event (irq_work + a context switch
-/// for every call) was most of our cost above the empty-program floor.
+/// the session's ticks drain them. A wakeup per event (irq_work + a context switch for every
+/// call) was most of our cost above the empty-program floor.
 const WAKE_AFTER_BYTES: u64 = 256 << 10;
 
-/// Wakeup flags for a batched record (a call or a batch chunk not stopping the process).
+/// Wakeup flags for a batched record of `len` bytes (a call or a batch chunk not stopping the
+/// process): forced for the record that takes the unread data across a multiple of
+/// `WAKE_AFTER_BYTES`, so once per 256 KiB while user space is behind. (Forcing every record
+/// above the mark made each one raise an irq_work, a self-interrupt that exits a virtual
+/// machine, exactly while the reader was already busy.) A crossing missed by a race with
+/// another CPU is caught by the next one or by the session's tick.
 #[inline(always)]
-pub(crate) fn batched_wake_flags() -> u64 {
-    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKE_AFTER_BYTES {
+pub(crate) fn batched_wake_flags(len: usize) -> u64 {
+    // Each record takes an 8-byte header and is rounded up to 8 bytes in the ring.
+    let taken = ((len as u64 + 7) & !7) + 8;
+    let unread = EVENTS.query(BPF_RB_AVAIL_DATA);
+    if (unread & (WAKE_AFTER_BYTES - 1)) + taken >= WAKE_AFTER_BYTES {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
@@ -40,7 +48,7 @@ pub(crate) fn emit(ev: &RawEvent) {
         (ev.kind == kind::CALL || ev.kind == kind::CHUNK) && ev.flags & event_flags::STOPPED == 0;
     // (Forced: with batched records still unread, the default would not wake it.)
     let flags = if batched {
-        batched_wake_flags()
+        batched_wake_flags(output_len(ev))
     } else {
         BPF_RB_FORCE_WAKEUP
     };
@@ -51,15 +59,20 @@ pub(crate) fn emit(ev: &RawEvent) {
 /// records user space needs in order but not at once.
 #[inline(always)]
 pub(crate) fn emit_unhurried(ev: &RawEvent) {
-    output(ev, batched_wake_flags());
+    output(ev, batched_wake_flags(output_len(ev)));
+}
+
+/// Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
+/// data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
+/// and chunks stay under it), so the mask never cuts data.
+#[inline(always)]
+fn output_len(ev: &RawEvent) -> usize {
+    RAW_HEADER + (ev.data_len as usize & (DATA_LEN - 1))
 }
 
 #[inline(always)]
 fn output(ev: &RawEvent, flags: u64) {
-    // Only the header and the valid data go out (104 bytes for a HAL call instead of 360).
-    // data_len is below DATA_LEN for every event (strings keep their NUL in the buffer, structs
-    // and chunks stay under it), so the mask never cuts data.
-    let len = RAW_HEADER + (ev.data_len as usize & (DATA_LEN - 1));
+    let len = output_len(ev);
     let bytes = unsafe { core::slice::from_raw_parts(ev as *const RawEvent as *const u8, len) };
     if EVENTS.output::<[u8]>(bytes, flags).is_err() {
         bump(counter::RINGBUF_FULL);
