@@ -119,7 +119,22 @@ struct PyProc {
     code_type: u64,
     /// (address, identity) -> the code object.
     codes: HashMap<(u64, u64), Arc<CodeEntry>>,
+    /// (code address, identity, instruction) -> its line: a loop's frames come back at the
+    /// same few instructions, and decoding a long location table from its start for each was
+    /// the tracer's largest cost per Python stack (15% of its CPU on the torch bench).
+    lines: HashMap<(u64, u64, u64), Option<i32>>,
+    /// Stacks already resolved, by the frames BPF read (see [`PyStacks::resolve_text`]).
+    stacks: HashMap<StackKey, ResolvedStack>,
 }
+
+/// A sample's flags and, per frame, its code object, instruction and `meta` (which holds the
+/// code object's identity).
+type StackKey = (u16, Vec<[u64; 3]>);
+/// A resolved stack and its `Call Stack(Python)` text.
+pub type ResolvedStack = (Arc<PyStack>, Arc<str>);
+
+/// Stacks remembered per process before the memo starts over.
+const STACKS_KEPT: usize = 1 << 14;
 
 struct CodeEntry {
     info: CodeInfo,
@@ -220,6 +235,8 @@ impl PyStacks {
                 layout,
                 code_type: interp.code_type,
                 codes: HashMap::new(),
+                lines: HashMap::new(),
+                stacks: HashMap::new(),
             })),
         );
         Ok(Configured::Walk(walk))
@@ -286,6 +303,47 @@ impl PyStacks {
     }
 
     /// Resolves a sample now, while the process is alive to read its code objects.
+    /// [`resolve`](Self::resolve) and the stack's text, remembered: a loop makes the same few
+    /// stacks over and over, and naming and formatting each again was most of the tracer's
+    /// CPU per Python stack. Only a stack whose every frame came with its code object's
+    /// identity (so the same key is the same code) and resolved to a named line is kept.
+    pub fn resolve_text(&mut self, s: &PySample) -> ResolvedStack {
+        let key = match self.procs.get(&s.pid) {
+            Some(ProcState::Python(p)) if !s.frames.is_empty() => {
+                let key: StackKey = (
+                    s.flags,
+                    s.frames.iter().map(|f| [f.code, f.instr, f.meta]).collect(),
+                );
+                if let Some(hit) = p.stacks.get(&key) {
+                    return hit.clone();
+                }
+                s.frames
+                    .iter()
+                    .all(|f| f.meta & PY_FRAME_HAS_IDS != 0)
+                    .then_some(key)
+            }
+            _ => None,
+        };
+        let stack = self.resolve(s);
+        let text: Arc<str> = Arc::from(stack.text());
+        let resolved = (Arc::new(stack), text);
+        let named = resolved
+            .0
+            .frames
+            .iter()
+            .all(|f| matches!(f, PyFrame::Code { line: Some(_), .. }));
+        if let Some(key) = key
+            && named
+            && let Some(ProcState::Python(p)) = self.procs.get_mut(&s.pid)
+        {
+            if p.stacks.len() >= STACKS_KEPT {
+                p.stacks.clear();
+            }
+            p.stacks.insert(key, resolved.clone());
+        }
+        resolved
+    }
+
     pub fn resolve(&mut self, s: &PySample) -> PyStack {
         let depth = self.depth;
         let Some(ProcState::Python(p)) = self.procs.get_mut(&s.pid) else {

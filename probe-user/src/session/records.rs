@@ -8,7 +8,6 @@ use crate::log;
 use crate::trace::probes::{KernelRef, launch_args};
 use anyhow::Result;
 use probe_common::RawEvent;
-use std::sync::Arc;
 
 impl Session {
     pub(super) fn handle_record(&mut self, item: &[u8]) -> Result<()> {
@@ -16,9 +15,8 @@ impl Session {
             self.events += 1;
             // Resolved now: the code objects are read while the process is surely alive.
             if let Some(py) = &mut self.python {
-                let stack = py.resolve(&sample);
-                let text = Arc::from(stack.text());
-                let frames = self.cfg.mixed.then(|| Arc::new(stack));
+                let (stack, text) = py.resolve_text(&sample);
+                let frames = self.cfg.mixed.then_some(stack);
                 let pending = PendingPython {
                     ts_ns: sample.ts_ns,
                     text,

@@ -168,6 +168,9 @@ fn text(bytes: &[u8], kind: u8) -> String {
     }
 }
 
+/// Lines remembered per process before the memo starts over (a few MB at most).
+const LINES_KEPT: usize = 1 << 16;
+
 impl PyProc {
     /// Takes a code object BPF sent at first sight. A record with a name it could not read
     /// is left out: the code object is read from the process instead, as before.
@@ -227,14 +230,24 @@ impl PyProc {
 
     /// The line of `instr` in a code object; a line table BPF had to cut is read whole from
     /// the process when the line lies past the part it sent (while it is still the same).
+    /// Remembered per (code object, instruction) once known: a failed read of the whole table
+    /// is not (a later read may succeed).
     pub(super) fn line(&mut self, c: &Arc<CodeEntry>, addr: u64, instr: u64) -> Option<i32> {
-        let line = c.info.line_at(instr);
-        if line.is_some() || c.complete {
-            return line;
+        let key = (addr, c.info.ids, instr);
+        if let Some(line) = self.lines.get(&key) {
+            return *line;
         }
-        let whole = self.read_code(addr).filter(|w| w.info.ids == c.info.ids)?;
-        self.codes.insert((addr, c.info.ids), whole.clone());
-        whole.info.line_at(instr)
+        let mut line = c.info.line_at(instr);
+        if line.is_none() && !c.complete {
+            let whole = self.read_code(addr).filter(|w| w.info.ids == c.info.ids)?;
+            self.codes.insert((addr, c.info.ids), whole.clone());
+            line = whole.info.line_at(instr);
+        }
+        if self.lines.len() >= LINES_KEPT {
+            self.lines.clear();
+        }
+        self.lines.insert(key, line);
+        line
     }
 
     fn read_code(&self, addr: u64) -> Option<Arc<CodeEntry>> {

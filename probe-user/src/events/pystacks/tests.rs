@@ -219,3 +219,65 @@ fn a_thread_states_fields_fit_one_read() {
         }
     }
 }
+
+#[test]
+fn a_resolved_stack_is_remembered_only_for_the_same_code_objects() {
+    let layout = layouts::layout_for(3, 11).expect("3.11's layout");
+    let code_start = layout.code.code_adaptive;
+    let mut py = PyStacks::new(16);
+    py.procs.insert(
+        42,
+        ProcState::Python(Box::new(PyProc {
+            pid: 42,
+            mem: File::open("/dev/null").unwrap(),
+            layout,
+            code_type: 0,
+            codes: HashMap::new(),
+            lines: HashMap::new(),
+            stacks: HashMap::new(),
+        })),
+    );
+    let code = 0x7f00_0000_1000;
+    // Two code objects made at the same address one after the other (an `exec` in a loop):
+    // their identities differ. Line tables: one entry, line firstlineno + 2 / + 5.
+    let learn = |py: &mut PyStacks, ids, file: &str, delta: u8| {
+        py.learn(CodeRecord {
+            pid: 42,
+            code,
+            ids,
+            flags: 0,
+            filename: file.into(),
+            name: "f".into(),
+            qualname: "f".into(),
+            firstlineno: 10,
+            linetable: vec![0x80 | (13 << 3) | 7, delta << 1],
+            table_complete: true,
+        })
+    };
+    learn(&mut py, 1, "/first.py", 2);
+    let sample = |meta| PySample {
+        pid: 42,
+        tid: 42,
+        ts_ns: 0,
+        flags: 0,
+        frames: vec![PyFrameRecord {
+            code,
+            instr: code + code_start + 4,
+            meta,
+        }],
+    };
+    let with_ids = |ids: u64| PY_FRAME_HAS_IDS | (ids << 32);
+    let (first, text) = py.resolve_text(&sample(with_ids(1)));
+    assert_eq!(&*text, "/first.py(12): f\n");
+    // The same frames again: the stack resolved before, not a new one.
+    let (again, _) = py.resolve_text(&sample(with_ids(1)));
+    assert!(Arc::ptr_eq(&first, &again));
+    // Another code object at the same address is named anew.
+    learn(&mut py, 2, "/second.py", 5);
+    let (_, text) = py.resolve_text(&sample(with_ids(2)));
+    assert_eq!(&*text, "/second.py(15): f\n");
+    // A frame without its code object's identity is never remembered.
+    let (one, _) = py.resolve_text(&sample(0));
+    let (two, _) = py.resolve_text(&sample(0));
+    assert!(!Arc::ptr_eq(&one, &two));
+}
