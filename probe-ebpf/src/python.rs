@@ -68,8 +68,9 @@ struct WalkScratch {
     find: ThreadFind,
     walk: FrameWalk,
     loops: LoopWalk,
-    /// Room past `PY_FRAME_READ` so a masked field offset stays in bounds.
-    bytes: [u8; 2 * PY_FRAME_READ],
+    /// The bytes of user memory `walk.window_at..walk.window_end`: the frame being walked and
+    /// what lies below it (`FRAME_WINDOW`), with room past them for a masked field offset.
+    window: [u8; FRAME_WINDOW + PY_FRAME_READ],
     /// The first `PY_TSTATE_READ` bytes of the thread state `tstate_at` (0: none read), from
     /// the check of a cached one; room past them for a masked offset.
     tstate: [u8; TSTATE_MASK + 8],
@@ -82,9 +83,17 @@ struct WalkScratch {
 #[map]
 static PY_WALK: PerCpuArray<WalkScratch> = PerCpuArray::with_max_entries(1, 0);
 
-/// Field offsets are masked with this: any masked offset plus 8 stays inside `WalkScratch`.
+/// Frames are read a window at a time: the frame and up to this many bytes below it, never
+/// below the frame's own 4 KiB (mapped, as the frame is). A frame's callers lie just below
+/// it on the thread's data stack, so one read takes the frames of a page instead of one read
+/// each: the kernel's user copy costs ~90 ns a read here whatever its size, most of a walk.
+const FRAME_WINDOW: usize = 2048;
+const WINDOW_PAGE: u64 = 4096;
+/// Frame field offsets are masked with this, and a frame's place in the window with
+/// `FRAME_WINDOW - 1`: a masked offset plus 8 stays inside the window's buffer.
 const FIELD_MASK: usize = 127;
-const _: () = assert!(FIELD_MASK + 8 <= 2 * PY_FRAME_READ && PY_FRAME_READ <= FIELD_MASK);
+const _: () = assert!(PY_FRAME_READ <= FIELD_MASK + 1);
+const _: () = assert!(FRAME_WINDOW.is_power_of_two() && FRAME_WINDOW as u64 <= WINDOW_PAGE);
 
 /// Thread-state field offsets are masked with this (user space keeps them within
 /// `PY_TSTATE_READ`).
@@ -186,6 +195,9 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
             tgid,
             last_entry: 0,
             find_loops: find_loops as u32,
+            window_at: 0,
+            window_end: 0,
+            base: 0,
         };
         bpf_loop(
             PY_MAX_FRAMES as u32 + 1,
@@ -485,15 +497,22 @@ struct FrameWalk {
     /// 3.13: the last entry frame of an interpreter loop seen (on the C stack).
     last_entry: u64,
     find_loops: u32,
+    /// The user addresses whose bytes `WalkScratch::window` holds (none at first).
+    window_at: u64,
+    window_end: u64,
+    /// Where the current frame starts in the window.
+    base: u64,
 }
 
 /// `_PyInterpreterFrame.owner` of an interpreter loop's entry frame (3.12+: on its C stack).
 const FRAME_OWNED_BY_CSTACK: u64 = 3;
 
-/// The u64 at `off` in a frame's bytes (masked into the buffer whatever user space wrote).
+/// The u64 at `off` in the current frame's bytes (masked into the buffer whatever user space
+/// wrote; a frame's fields end before `PY_FRAME_READ`, so a real one is never cut).
 #[inline(always)]
 fn field_u64(buf: &WalkScratch, off: u32) -> u64 {
-    masked_u64(buf.bytes.as_ptr(), off, FIELD_MASK)
+    let at = buf.walk.base as u32 + (off & FIELD_MASK as u32);
+    masked_u64(buf.window.as_ptr(), at, FRAME_WINDOW - 1)
 }
 
 /// The u64 at `off & mask` from `bytes`, a buffer of at least `mask + 8` bytes: the mask keeps
@@ -505,8 +524,42 @@ fn masked_u64(bytes: *const u8, off: u32, mask: usize) -> u64 {
 
 #[inline(always)]
 fn field_u8(buf: &WalkScratch, off: u32) -> u64 {
-    let off = off as usize & FIELD_MASK;
-    unsafe { *buf.bytes.as_ptr().add(off) as u64 }
+    let at = (buf.walk.base as usize + (off as usize & FIELD_MASK)) & (FRAME_WINDOW - 1);
+    unsafe { *buf.window.as_ptr().add(at) as u64 }
+}
+
+/// Makes the window hold the frame at `frame` (read with what lies below it on its page,
+/// unless it already does) and points `walk.base` at it. False when it cannot be read.
+#[inline(always)]
+fn window_over(buf: &mut WalkScratch, frame: u64) -> bool {
+    let end = frame.wrapping_add(PY_FRAME_READ as u64);
+    if frame < buf.walk.window_at || end > buf.walk.window_end || end < frame {
+        let page = frame & !(WINDOW_PAGE - 1);
+        let at = if end.wrapping_sub(page) > FRAME_WINDOW as u64 {
+            end.wrapping_sub(FRAME_WINDOW as u64)
+        } else {
+            page
+        };
+        let len = end.wrapping_sub(at);
+        if len == 0 || len > FRAME_WINDOW as u64 {
+            return false;
+        }
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                buf.window.as_mut_ptr() as *mut c_void,
+                len as u32,
+                at as *const c_void,
+            )
+        };
+        if rc != 0 {
+            buf.walk.window_end = 0;
+            return false;
+        }
+        buf.walk.window_at = at;
+        buf.walk.window_end = end;
+    }
+    buf.walk.base = (frame - buf.walk.window_at) & (FRAME_WINDOW as u64 - 1);
+    true
 }
 
 /// One frame of the walk: records it and moves to `previous`. Returns 1 to stop.
@@ -536,14 +589,7 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
         ev.flags |= py_flags::TRUNCATED;
         return 1;
     }
-    let rc = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            buf.bytes.as_mut_ptr() as *mut c_void,
-            PY_FRAME_READ as u32,
-            buf.walk.frame as *const c_void,
-        )
-    };
-    if rc != 0 {
+    if !window_over(buf, buf.walk.frame) {
         ev.flags |= py_flags::READ_FAULT;
         return 1;
     }
