@@ -35,6 +35,13 @@ static PY_PROCS: HashMap<u32, PyProcess> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
 
+/// tid -> the (only) interpreter's `threads.next_unique_id` when a whole search found no state
+/// for the thread. The counter goes up with every state made, so while it stays the thread
+/// still has none: a C thread that calls into the library at every operator (torch_npu's task
+/// queue) is not searched again at each call.
+#[map]
+static PY_NO_STATE: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
 
@@ -335,6 +342,17 @@ fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
             }
         }
     }
+    // `next_unique_id` is the field before `threads.head` in 3.11 to 3.13 (`struct pythreads`),
+    // read before the search: a state made during it changes it, and the next call searches.
+    let made = if several {
+        None
+    } else {
+        let made = read_u64(interp + p.interp_threads_head as u64 - 8);
+        if made.is_some() && unsafe { PY_NO_STATE.get(&tid) }.copied() == made {
+            return 0;
+        }
+        made
+    };
     unsafe {
         (*scratch).find = ThreadFind {
             interp,
@@ -362,6 +380,15 @@ fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
         let _ = PY_THREADS.insert(&tid, &chosen, 0);
     } else {
         let _ = PY_THREADS.remove(&tid);
+    }
+    // Only a search that went through the whole list (not cut by `FIND_STEPS`) proves none.
+    if let Some(made) = made
+        && chosen == 0
+        && find.matches == 0
+        && find.interp == 0
+        && find.tstate == 0
+    {
+        let _ = PY_NO_STATE.insert(&tid, &made, 0);
     }
     chosen
 }
