@@ -40,7 +40,18 @@ static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0)
 /// still has none: a C thread that calls into the library at every operator (torch_npu's task
 /// queue) is not searched again at each call.
 #[map]
-static PY_NO_STATE: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+static PY_NO_STATE: LruHashMap<u32, NoState> = LruHashMap::with_max_entries(16384, 0);
+
+/// A thread found without a state: in which process configuration (a thread id reused in
+/// another process, whose counter may be at the same number, does not match) and at which
+/// count of states made.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NoState {
+    generation: u32,
+    _pad: u32,
+    made: u64,
+}
 
 #[map]
 static PY_SCRATCH: PerCpuArray<PyStackEvent> = PerCpuArray::with_max_entries(1, 0);
@@ -347,12 +358,22 @@ fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) -> u64 {
     let made = if several {
         None
     } else {
-        let made = read_u64(interp + p.interp_threads_head as u64 - 8);
-        if made.is_some() && unsafe { PY_NO_STATE.get(&tid) }.copied() == made {
-            return 0;
-        }
-        made
+        read_u64(
+            interp
+                .wrapping_add(p.interp_threads_head as u64)
+                .wrapping_sub(8),
+        )
+        .map(|made| NoState {
+            generation: p.generation,
+            _pad: 0,
+            made,
+        })
     };
+    if let Some(made) = made
+        && unsafe { PY_NO_STATE.get(&tid) }.copied() == Some(made)
+    {
+        return 0;
+    }
     unsafe {
         (*scratch).find = ThreadFind {
             interp,
