@@ -291,7 +291,8 @@ struct FrameWalk {
     /// The user addresses whose bytes `WalkScratch::window` holds (none at first).
     window_at: u64,
     window_end: u64,
-    /// Where the current frame starts in the window.
+    /// Where the current frame starts in the window (kept here, not in a local: the step's
+    /// BPF stack is shared with `send_code` below it).
     base: u64,
 }
 
@@ -302,8 +303,13 @@ const FRAME_OWNED_BY_CSTACK: u64 = 3;
 /// wrote; a frame's fields end before `PY_FRAME_READ`, so a real one is never cut).
 #[inline(always)]
 fn field_u64(buf: &WalkScratch, off: u32) -> u64 {
-    let at = buf.walk.base as u32 + (off & FIELD_MASK as u32);
-    masked_u64(buf.window.as_ptr(), at, FRAME_WINDOW - 1)
+    masked_u64(buf.window.as_ptr(), field_at(buf, off), FRAME_WINDOW - 1)
+}
+
+/// Where field `off` of the current frame lies in the window.
+#[inline(always)]
+fn field_at(buf: &WalkScratch, off: u32) -> u32 {
+    (buf.walk.base as u32 + (off & FIELD_MASK as u32)) & (FRAME_WINDOW as u32 - 1)
 }
 
 /// The u64 at `off & mask` from `bytes`, a buffer of at least `mask + 8` bytes: the mask keeps
@@ -315,8 +321,7 @@ fn masked_u64(bytes: *const u8, off: u32, mask: usize) -> u64 {
 
 #[inline(always)]
 fn field_u8(buf: &WalkScratch, off: u32) -> u64 {
-    let at = (buf.walk.base as usize + (off as usize & FIELD_MASK)) & (FRAME_WINDOW - 1);
-    unsafe { *buf.window.as_ptr().add(at) as u64 }
+    unsafe { *buf.window.as_ptr().add(field_at(buf, off) as usize) as u64 }
 }
 
 /// Makes the window hold the frame at `frame` (read with what lies below it on its page,

@@ -302,14 +302,16 @@ impl PyStacks {
         Some(Arc::from(marker.text()))
     }
 
-    /// Resolves a sample now, while the process is alive to read its code objects.
     /// [`resolve`](Self::resolve) and the stack's text, remembered: a loop makes the same few
     /// stacks over and over, and naming and formatting each again was most of the tracer's
     /// CPU per Python stack. Only a stack whose every frame came with its code object's
     /// identity (so the same key is the same code) and resolved to a named line is kept.
     pub fn resolve_text(&mut self, s: &PySample) -> ResolvedStack {
+        // Only a stack whose frames all carry their identity is ever kept, so only such a
+        // stack is looked up.
+        let keyed = !s.frames.is_empty() && s.frames.iter().all(|f| f.meta & PY_FRAME_HAS_IDS != 0);
         let key = match self.procs.get(&s.pid) {
-            Some(ProcState::Python(p)) if !s.frames.is_empty() => {
+            Some(ProcState::Python(p)) if keyed => {
                 let key: StackKey = (
                     s.flags,
                     s.frames.iter().map(|f| [f.code, f.instr, f.meta]).collect(),
@@ -317,10 +319,7 @@ impl PyStacks {
                 if let Some(hit) = p.stacks.get(&key) {
                     return hit.clone();
                 }
-                s.frames
-                    .iter()
-                    .all(|f| f.meta & PY_FRAME_HAS_IDS != 0)
-                    .then_some(key)
+                Some(key)
             }
             _ => None,
         };
@@ -344,6 +343,7 @@ impl PyStacks {
         resolved
     }
 
+    /// Resolves a sample now, while the process is alive to read its code objects.
     pub fn resolve(&mut self, s: &PySample) -> PyStack {
         let depth = self.depth;
         let Some(ProcState::Python(p)) = self.procs.get_mut(&s.pid) else {
