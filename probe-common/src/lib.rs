@@ -257,7 +257,20 @@ pub struct PyProcess {
     /// Changed by user space each time it (re)configures the process: BPF's record of the code
     /// objects it has sent is keyed by it, so a process seen anew (exec) gets them sent again.
     pub generation: u32,
+    /// `_PyRuntimeState.gilstate.tstate_current` (3.11: the state of the thread holding the
+    /// GIL, so a live one), read with `interpreters` in one copy: where it is a thread's
+    /// remembered state, the check that the state is still listed is not needed.
+    /// [`PY_NO_OFFSET`] where the version keeps it elsewhere (3.12+: thread-local).
+    pub tstate_current: u32,
+    /// Non-zero once the interpreter's `code_dealloc` is probed for this process
+    /// (`py_code_gone`): BPF may then remember the identity of the code objects it sent until
+    /// they are freed, instead of reading it at every frame.
+    pub code_gone: u32,
 }
+
+/// How many bytes of `_PyRuntime` from `interpreters.head` to `gilstate.tstate_current` (and
+/// its 8 bytes) BPF copies at most ([`PyProcess::tstate_current`]).
+pub const PY_RUNTIME_READ: usize = 1024;
 
 /// A code object at first sight (`--call-stack=python`): its names, first line and line table
 /// as they are at the call, sent once per process and code object (address and identity)

@@ -3,6 +3,8 @@
 //! ~256 KiB), stopping the calling thread before a record it must be held for, and filling the
 //! per-CPU scratch event's header.
 
+use core::ptr::write_volatile;
+
 use aya_ebpf::helpers::{
     bpf_ktime_get_ns,
     generated::{bpf_get_smp_processor_id, bpf_send_signal_thread},
@@ -112,10 +114,16 @@ pub(crate) fn scratch(kind_: u16, tgid: u32, tid: u32) -> Option<&'static mut Ra
     ev.tid = tid;
     ev.cpu = unsafe { bpf_get_smp_processor_id() };
     ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-    ev.ret_ts_ns = 0;
-    ev.args = [0; MAX_ARGS];
-    ev.ret = 0;
-    ev.deref = 0;
+    // One store each: zeroed together, the 72 bytes become one `memset` call, which on BPF
+    // is a loop of byte stores (~360 instructions at every event).
+    unsafe {
+        write_volatile(&mut ev.ret_ts_ns, 0);
+        for i in 0..MAX_ARGS {
+            write_volatile(&mut ev.args[i], 0);
+        }
+        write_volatile(&mut ev.ret, 0);
+        write_volatile(&mut ev.deref, 0);
+    }
     Some(ev)
 }
 

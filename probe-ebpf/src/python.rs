@@ -11,15 +11,16 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, generated::bpf_loop},
-    macros::map,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
+    macros::{map, uprobe},
     maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::ProbeContext,
 };
 use probe_common::{
     PY_CODE_FILE, PY_CODE_HEADER, PY_CODE_NAME, PY_CODE_TABLE, PY_FRAME_HAS_IDS, PY_FRAME_READ,
-    PY_MAX_FRAMES, PY_NO_OFFSET, PY_STACK_HEADER, PY_TSTATE_READ, PYCODE_KIND, PYSTACK_KIND,
-    PyCodeEvent, PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags, py_code_ids,
-    py_flags,
+    PY_MAX_FRAMES, PY_NO_OFFSET, PY_RUNTIME_READ, PY_STACK_HEADER, PY_TSTATE_READ, PYCODE_KIND,
+    PYSTACK_KIND, PyCodeEvent, PyFrameRecord, PyProcess, PyStackEvent, counter, py_code_flags,
+    py_code_ids, py_flags,
 };
 
 use crate::{
@@ -51,6 +52,22 @@ struct CodeKey {
 #[map]
 static PY_CODES_SENT: LruHashMap<CodeKey, u8> = LruHashMap::with_max_entries(65536, 0);
 
+/// A live code object of a process: process (and configuration), address.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LiveKey {
+    tgid: u32,
+    generation: u32,
+    code: u64,
+}
+
+/// Code objects already sent, by address, with their identity: an entry is removed when its
+/// code object is freed (`py_code_gone`, on the interpreter's `code_dealloc`), so while one is
+/// here the object at that address is the one sent, and a frame naming it needs no read of its
+/// identity. Only kept for processes whose `code_dealloc` is probed (`PyProcess::code_gone`).
+#[map]
+static PY_CODES_LIVE: LruHashMap<LiveKey, u64> = LruHashMap::with_max_entries(65536, 0);
+
 #[map]
 static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
 
@@ -69,10 +86,13 @@ struct WalkScratch {
     loops: LoopWalk,
     /// The bytes of user memory `walk.window_at..walk.window_end`: the frame being walked and
     /// what lies below it (`FRAME_WINDOW`), with room past them for a masked field offset.
-    window: [u8; FRAME_WINDOW + PY_FRAME_READ],
+    window: [u64; (FRAME_WINDOW + PY_FRAME_READ) / 8],
     /// The first `PY_TSTATE_READ` bytes of the thread state `tstate_at` (0: none read), from
     /// the check of a cached one; room past them for a masked offset.
-    tstate: [u8; TSTATE_MASK + 8],
+    tstate: [u64; TSTATE_MASK / 8 + 1],
+    /// `_PyRuntime` from `interpreters.head` on (see `thread_state::read_runtime`); room past
+    /// it for a masked offset.
+    runtime: [u64; PY_RUNTIME_READ / 8 + 1],
     tstate_at: u64,
     /// The frame's code object: its identity words and its key in `PY_CODES_SENT`.
     words: [u64; 4],
@@ -312,16 +332,18 @@ fn field_at(buf: &WalkScratch, off: u32) -> u32 {
     (buf.walk.base as u32 + (off & FIELD_MASK as u32)) & (FRAME_WINDOW as u32 - 1)
 }
 
-/// The u64 at `off & mask` from `bytes`, a buffer of at least `mask + 8` bytes: the mask keeps
-/// a field offset from user space inside it, for the verifier and for us.
+/// The u64 at byte `off & mask` of `words`, a buffer of at least `mask / 8 + 1` words: the
+/// mask keeps a field offset from user space inside it, for the verifier and for us. Pointer
+/// fields are 8-aligned in every layout, so the read is one aligned load (an unaligned one is
+/// eight byte loads on BPF, for every field of every frame).
 #[inline(always)]
-fn masked_u64(bytes: *const u8, off: u32, mask: usize) -> u64 {
-    unsafe { core::ptr::read_unaligned(bytes.add(off as usize & mask) as *const u64) }
+fn masked_u64(words: *const u64, off: u32, mask: usize) -> u64 {
+    unsafe { *words.add((off as usize & mask) / 8) }
 }
 
 #[inline(always)]
 fn field_u8(buf: &WalkScratch, off: u32) -> u64 {
-    unsafe { *buf.window.as_ptr().add(field_at(buf, off) as usize) as u64 }
+    unsafe { *(buf.window.as_ptr() as *const u8).add(field_at(buf, off) as usize) as u64 }
 }
 
 /// Makes the window hold the frame at `frame` (read with what lies below it on its page,
@@ -399,7 +421,19 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
     }
     let code = field_u64(buf, buf.p.frame_code);
     // The code object's identity now: it may be freed before user space reads it.
-    if buf.p.code_ids != PY_NO_OFFSET && code != 0 {
+    let live = LiveKey {
+        tgid: buf.walk.tgid,
+        generation: buf.p.generation,
+        code,
+    };
+    let known = if code != 0 && buf.p.code_gone != 0 {
+        unsafe { PY_CODES_LIVE.get(&live) }.copied()
+    } else {
+        None
+    };
+    if let Some(ids) = known {
+        meta |= PY_FRAME_HAS_IDS | (ids << 32);
+    } else if buf.p.code_ids != PY_NO_OFFSET && code != 0 {
         let at = code.wrapping_add(buf.p.code_ids as u64);
         // Read into the scratch map, not onto the BPF stack (`WalkScratch`).
         let rc = unsafe {
@@ -418,8 +452,10 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
                 code,
                 ids,
             };
-            if unsafe { PY_CODES_SENT.get(&buf.key) }.is_none() {
-                send_code(&buf.p, &buf.key, &buf.words);
+            let sent = unsafe { PY_CODES_SENT.get(&buf.key) }.is_some()
+                || send_code(&buf.p, &buf.key, &buf.words);
+            if sent && buf.p.code_gone != 0 {
+                let _ = PY_CODES_LIVE.insert(&live, &ids, 0);
             }
         }
     }
@@ -438,13 +474,31 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
     0
 }
 
+/// At the interpreter's `code_dealloc` (its first argument the code object being freed): the
+/// code object's identity is no longer known by its address ([`PY_CODES_LIVE`]). A frame
+/// holds a strong reference to its code object, so the one a walk reads while its thread is
+/// stopped in the probe cannot be freed before the walk is over.
+#[uprobe]
+pub fn py_code_gone(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let (Some(p), Some(code)) = (unsafe { PY_PROCS.get(&tgid) }, ctx.arg::<u64>(0)) else {
+        return 0;
+    };
+    let _ = PY_CODES_LIVE.remove(&LiveKey {
+        tgid,
+        generation: p.generation,
+        code,
+    });
+    0
+}
+
 /// Sends a code object seen for the first time ([`PyCodeEvent`]), and remembers it once the
 /// record is in the ring buffer (a record lost to a full buffer is sent again next time).
 /// `words`: its `co_filename`, `co_name`, `co_qualname` and `co_linetable` pointers.
 #[inline(never)]
-fn send_code(p: &PyProcess, key: &CodeKey, words: &[u64; 4]) {
+fn send_code(p: &PyProcess, key: &CodeKey, words: &[u64; 4]) -> bool {
     let Some(ev) = PY_CODE_SCRATCH.get_ptr_mut(0) else {
-        return;
+        return false;
     };
     let ev = unsafe { &mut *ev };
     ev.kind = PYCODE_KIND;
@@ -517,9 +571,10 @@ fn send_code(p: &PyProcess, key: &CodeKey, words: &[u64; 4]) {
     let bytes = unsafe { core::slice::from_raw_parts(ev as *const PyCodeEvent as *const u8, len) };
     if EVENTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
         bump(counter::RINGBUF_FULL);
-        return;
+        return false;
     }
     let _ = PY_CODES_SENT.insert(key, &1, 0);
+    true
 }
 
 /// Copies a compact `str`'s characters (at most `room` bytes) to `dst`: (bytes copied,

@@ -108,6 +108,46 @@ fn assert_same_stacks(
     }
 }
 
+/// 3.11 keeps the state of the thread holding the GIL in `_PyRuntime.gilstate.tstate_current`,
+/// which BPF reads with the interpreter list (a thread's remembered state that holds the GIL is
+/// live): our table's offset must be where the interpreter's own `PyThreadState_Get()` is.
+#[test]
+fn the_311_gil_holders_state_is_where_the_table_says() {
+    let offset = memscope_bpf::events::pystacks::layout_for(3, 11)
+        .unwrap()
+        .walk
+        .tstate_current;
+    let snippet = "import ctypes, sys\n\
+        rt = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, '_PyRuntime'))\n\
+        ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p\n\
+        at = ctypes.c_void_p.from_address(rt + int(sys.argv[1])).value or 0\n\
+        print(ctypes.pythonapi.PyThreadState_Get(), at)\n";
+    for (version, python) in interpreters().into_iter().filter(|(v, _)| v == "3.11") {
+        let out = Command::new(&python)
+            .args(["-c", snippet, &offset.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let words: Vec<u64> = text
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        assert_ne!(words[0], 0, "{version}: no thread state");
+        assert_eq!(
+            words[1],
+            words[0],
+            "{version} ({}): _PyRuntime+{offset} is not the current thread state",
+            python.display()
+        );
+        eprintln!("python {version}: the GIL holder's state at _PyRuntime+{offset}");
+    }
+}
+
 #[test]
 fn python_stacks_match_the_programs_own_tracebacks() {
     if !require_root("python_stacks_match_the_programs_own_tracebacks") {
@@ -152,9 +192,19 @@ fn check_launch_mode(version: &str, python: &std::path::Path, scratch_name: &str
         "): release\n",
         "): in_thread\n",
         "): callback\n",
+        "): made_3\n",
     ] {
         assert!(all.contains(needle), "{version}: no {needle:?} in the log");
     }
+    // The functions made one after another took fewer addresses than there were of them: a
+    // code object freed and another made where it was, under another name.
+    let made = &log_lines(&text, "MADE")[0];
+    let count: usize = made["count"].parse().unwrap();
+    let addresses: usize = made["addresses"].parse().unwrap();
+    assert!(
+        addresses < count,
+        "{version}: no code object address reused: {made:?}"
+    );
     assert_same_stacks(version, &traced_stacks(&out_dir, pid), &logged);
     eprintln!("python {version} ({}): stacks match", python.display());
 }

@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::map,
     maps::LruHashMap,
 };
-use probe_common::{PY_NO_OFFSET, PY_TSTATE_READ, PyProcess};
+use probe_common::{PY_NO_OFFSET, PY_RUNTIME_READ, PY_TSTATE_READ, PyProcess};
 
 use super::{PY_WALK, TSTATE_MASK, WalkScratch, masked_u64, read_u64};
 
@@ -62,12 +62,12 @@ pub(super) fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) ->
     unsafe { (*scratch).tstate_at = 0 };
     let p = unsafe { &(*scratch).p };
     // `head` and `main` side by side (`PyProcess::interpreters_head`): one read, and several
-    // interpreters run when they differ.
-    let head_at = p.runtime + p.interpreters_head as u64;
-    let (interp, several) = match unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) } {
-        Ok([head, main]) => (head, head != 0 && head != main),
-        Err(_) => return 0,
+    // interpreters run when they differ. With them, where the version has it, the state of
+    // the thread holding the GIL (3.11).
+    let Some((interp, main, current)) = read_runtime(scratch) else {
+        return 0;
     };
+    let several = interp != 0 && interp != main;
     if !several {
         if let Some(t) = unsafe { PY_THREADS.get(&tid) } {
             let t = *t;
@@ -81,9 +81,10 @@ pub(super) fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) ->
                     t as *const c_void,
                 )
             };
+            // The GIL holder's state is live: no need to check that it is still listed.
             if rc == 0
                 && tstate_u64(s, s.p.tstate_native_thread_id) == tid as u64
-                && still_listed(&s.p, interp, t, tstate_u64(s, s.p.tstate_prev))
+                && (t == current || still_listed(&s.p, interp, t, tstate_u64(s, s.p.tstate_prev)))
             {
                 s.tstate_at = t;
                 return t;
@@ -149,6 +150,39 @@ pub(super) fn find_thread_state(scratch: *mut WalkScratch, tid: u32, sp: u64) ->
         let _ = PY_NO_STATE.insert(&tid, &made, 0);
     }
     chosen
+}
+
+/// `_PyRuntime`'s `interpreters.head` and `.main`, and `gilstate.tstate_current` where
+/// `PyProcess::tstate_current` says (else 0): one copy from `head` to it.
+#[inline(always)]
+fn read_runtime(scratch: *mut WalkScratch) -> Option<(u64, u64, u64)> {
+    let s = unsafe { &mut *scratch };
+    let head_at = s.p.runtime + s.p.interpreters_head as u64;
+    let span = (s.p.tstate_current as u64 + 8).wrapping_sub(s.p.interpreters_head as u64);
+    if s.p.tstate_current == PY_NO_OFFSET || span < 16 || span > PY_RUNTIME_READ as u64 {
+        let [head, main] = unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) }.ok()?;
+        return Some((head, main, 0));
+    }
+    let len = span as u32;
+    if len > PY_RUNTIME_READ as u32 {
+        return None;
+    }
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            s.runtime.as_mut_ptr() as *mut c_void,
+            len,
+            head_at as *const c_void,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let bytes = s.runtime.as_ptr();
+    Some((
+        masked_u64(bytes, 0, PY_RUNTIME_READ - 1),
+        masked_u64(bytes, 8, PY_RUNTIME_READ - 1),
+        masked_u64(bytes, span as u32 - 8, PY_RUNTIME_READ - 1),
+    ))
 }
 
 /// Whether thread state `t` is still linked in the (only) interpreter's list `interp`: its

@@ -133,6 +133,10 @@ type StackKey = (u16, Vec<[u64; 3]>);
 /// A resolved stack and its `Call Stack(Python)` text.
 pub type ResolvedStack = (Arc<PyStack>, Arc<str>);
 
+/// `PyTypeObject.tp_dealloc` (after `ob_refcnt`, `ob_type`, `ob_size`, `tp_name`,
+/// `tp_basicsize`, `tp_itemsize`; 64-bit, every version).
+const TP_DEALLOC: u64 = 48;
+
 /// Stacks remembered per process before the memo starts over.
 const STACKS_KEPT: usize = 1 << 14;
 
@@ -259,7 +263,8 @@ impl PyStacks {
             return;
         }
         match self.configure(pid) {
-            Ok(Configured::Walk(layout)) => {
+            Ok(Configured::Walk(mut layout)) => {
+                layout.code_gone = self.watch_code_deaths(bpf, pid) as u32;
                 crate::log::debug(&format!(
                     "pid {pid}: CPython runtime at 0x{:x}: Python stacks on",
                     layout.runtime
@@ -271,6 +276,47 @@ impl PyStacks {
             }
             Ok(Configured::Nothing) => {}
             Err(e) => crate::log::debug(&format!("pid {pid}: no Python stacks: {e:#}")),
+        }
+    }
+
+    /// Puts `py_code_gone` on `pid`'s `code_dealloc` (found as `PyCode_Type.tp_dealloc`, so
+    /// without symbols): BPF may then name a code object by its address until it is freed
+    /// instead of reading its identity at every frame. False (said at debug level) where it
+    /// cannot: BPF reads the identity each time, as before.
+    fn watch_code_deaths(&self, bpf: &mut crate::trace::bpf::Bpf, pid: u32) -> bool {
+        let Some(ProcState::Python(p)) = self.procs.get(&pid) else {
+            return false;
+        };
+        let watched = (|| -> Result<u64> {
+            let bytes = read_at(&p.mem, p.code_type + TP_DEALLOC, 8)?;
+            let dealloc = u64::from_le_bytes(bytes[..8].try_into()?);
+            let maps = memscope_symbols::read_maps(pid)?;
+            let Some(m) = maps
+                .iter()
+                .find(|m| m.is_executable() && m.start <= dealloc && dealloc < m.end)
+            else {
+                anyhow::bail!("code_dealloc at 0x{dealloc:x} is in no executable mapping");
+            };
+            // The process's view of the file, whatever its mount namespace.
+            let file = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+            bpf.watch_code_deaths(
+                pid,
+                std::path::Path::new(&file),
+                m.offset + dealloc - m.start,
+            )?;
+            Ok(dealloc)
+        })();
+        match watched {
+            Ok(at) => {
+                crate::log::debug(&format!("pid {pid}: code_dealloc at 0x{at:x} probed"));
+                true
+            }
+            Err(e) => {
+                crate::log::debug(&format!(
+                    "pid {pid}: code objects' identities read at each frame: {e:#}"
+                ));
+                false
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
@@ -118,6 +118,8 @@ pub struct Bpf {
     scoped_requests: Vec<ScopedRequest>,
     /// Multi-uprobe links of each process in scope (`Scope::Traced`).
     process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
+    /// The link on each Python process's `code_dealloc` (`watch_code_deaths`).
+    code_gone_links: std::collections::HashMap<u32, std::os::fd::OwnedFd>,
     /// Threads closing links of processes that left; joined before the tracer exits.
     unlinking: Vec<std::thread::JoinHandle<()>>,
     /// The node agent's hold at vendor-library opens (`hold.rs`); None elsewhere.
@@ -201,6 +203,7 @@ impl Bpf {
             links: Vec::new(),
             scoped_requests: Vec::new(),
             process_links: Default::default(),
+            code_gone_links: Default::default(),
             unlinking: Vec::new(),
             holds: None,
             holders,
@@ -532,6 +535,21 @@ impl Bpf {
             .with_context(|| format!("cannot store the Python layout of pid {pid}"))
     }
 
+    /// Puts `py_code_gone` on `pid`'s `code_dealloc`, at `file_offset` of `path` (a
+    /// multi-uprobe link for that process only; none where the kernel has no such links).
+    pub fn watch_code_deaths(&mut self, pid: u32, path: &Path, file_offset: u64) -> Result<()> {
+        let Some(multi) = &self.multi else {
+            bail!("no multi-uprobe links");
+        };
+        let link = multi
+            .attach("py_code_gone", false, path, &[(file_offset, 0)], pid)
+            .with_context(|| format!("cannot probe {}+{file_offset:#x}", path.display()))?;
+        if let Some(old) = self.code_gone_links.insert(pid, link) {
+            self.unlinking.extend(detach::close_in_background(old));
+        }
+        Ok(())
+    }
+
     /// A map by name, for modules that own their maps (the agent's stack sampling).
     pub fn map_mut(&mut self, name: &str) -> Option<&mut aya::maps::Map> {
         self.ebpf.map_mut(name)
@@ -539,6 +557,9 @@ impl Bpf {
 
     /// `pid` exited or exec'd: its interpreter is gone.
     pub fn forget_python_process(&mut self, pid: u32) {
+        if let Some(link) = self.code_gone_links.remove(&pid) {
+            self.unlinking.extend(detach::close_in_background(link));
+        }
         if let Some(m) = self.ebpf.map_mut("PY_PROCS")
             && let Ok(mut map) = HashMap::<&mut MapData, u32, probe_common::PyProcess>::try_from(m)
         {
@@ -621,7 +642,7 @@ impl Bpf {
     }
 }
 
-const UPROBE_PROGRAMS: [&str; 7] = [
+const UPROBE_PROGRAMS: [&str; 8] = [
     "call_entry",
     "call_return",
     "call_return_site",
@@ -629,6 +650,7 @@ const UPROBE_PROGRAMS: [&str; 7] = [
     "noop_entry",
     "noop_return",
     "noop_return_site",
+    "py_code_gone",
 ];
 
 /// Environment variable that keeps the tracer on per-probe perf links even where the kernel

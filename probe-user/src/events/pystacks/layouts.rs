@@ -94,6 +94,8 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         str_ascii_data: 0,
         str_compact_data: 0,
         generation: 0,
+        tstate_current: PY_NO_OFFSET,
+        code_gone: 0,
     };
     let (walk, code, ascii_size, compact_size) = match (major, minor) {
         (3, 11) => (
@@ -128,6 +130,16 @@ pub fn layout_for(major: u8, minor: u8) -> Option<PyLayout> {
         ),
         _ => return None,
     };
+    let mut walk = walk;
+    if (major, minor) == (3, 11) {
+        // `gilstate` follows `ceval`, whose GIL holds pthread mutexes: 40 bytes each on
+        // x86-64's glibc, 48 on aarch64's.
+        walk.tstate_current = if cfg!(target_arch = "aarch64") {
+            592
+        } else {
+            576
+        };
+    }
     Some(PyLayout {
         major,
         minor,

@@ -26,6 +26,9 @@ impl Bpf {
     /// detach from has its breakpoints back out once [`Bpf::close_links`] has joined them.
     pub fn drop_process_probes(&mut self, pid: u32) {
         self.unlinking.retain(|t| !t.is_finished());
+        if let Some(link) = self.code_gone_links.remove(&pid) {
+            self.unlinking.extend(close_in_background(link));
+        }
         if let Some(links) = self.process_links.remove(&pid) {
             self.unlinking
                 .extend(links.into_iter().filter_map(close_in_background));
@@ -39,6 +42,7 @@ impl Bpf {
         let started = std::time::Instant::now();
         let mut links = std::mem::take(&mut self.links);
         links.extend(self.process_links.drain().flat_map(|(_, links)| links));
+        links.extend(self.code_gone_links.drain().map(|(_, link)| link));
         let count = links.len() + self.unlinking.len();
         self.unlinking
             .extend(links.into_iter().filter_map(close_in_background));
@@ -101,7 +105,9 @@ impl Drop for Bpf {
 }
 
 /// Closes `link` on a thread of its own (`None`: no thread could be made, and it is closed here).
-fn close_in_background(link: std::os::fd::OwnedFd) -> Option<std::thread::JoinHandle<()>> {
+pub(super) fn close_in_background(
+    link: std::os::fd::OwnedFd,
+) -> Option<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("unlink".into())
         .spawn(move || drop(link))
