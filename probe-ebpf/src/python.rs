@@ -13,7 +13,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_loop},
     macros::{map, uprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::ProbeContext,
 };
 use probe_common::{
@@ -52,21 +52,38 @@ struct CodeKey {
 #[map]
 static PY_CODES_SENT: LruHashMap<CodeKey, u8> = LruHashMap::with_max_entries(65536, 0);
 
-/// A live code object of a process: process (and configuration), address.
+/// A code object already sent: process (and configuration), address, identity, and the count
+/// of code objects freed ([`PY_CODE_DEATHS`]) before its identity was read.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct LiveKey {
+struct LiveCode {
     tgid: u32,
     generation: u32,
     code: u64,
+    ids: u64,
+    deaths: u64,
 }
 
-/// Code objects already sent, by address, with their identity: an entry is removed when its
-/// code object is freed (`py_code_gone`, on the interpreter's `code_dealloc`), so while one is
-/// here the object at that address is the one sent, and a frame naming it needs no read of its
-/// identity. Only kept for processes whose `code_dealloc` is probed (`PyProcess::code_gone`).
+const LIVE_SLOTS: u32 = 1024;
+
+/// Code objects already sent, by address, with their identity: while no code object of a traced
+/// process has been freed since a slot was filled (`py_code_gone` counts them, on the
+/// interpreter's `code_dealloc`), the object at that address is still the one read then, and
+/// a frame naming it needs no read of its identity. Only filled for processes whose
+/// `code_dealloc` is probed (`PyProcess::code_gone`). Direct-mapped per CPU (a slot keeps the
+/// last code object hashed to it), so looking it up at every frame is a few instructions, not
+/// a hash map's lookup.
 #[map]
-static PY_CODES_LIVE: LruHashMap<LiveKey, u64> = LruHashMap::with_max_entries(65536, 0);
+static PY_CODES_LIVE: PerCpuArray<LiveCode> = PerCpuArray::with_max_entries(LIVE_SLOTS, 0);
+
+/// How many code objects traced processes have freed.
+#[map]
+static PY_CODE_DEATHS: Array<u64> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn live_slot(tgid: u32, code: u64) -> u32 {
+    ((code >> 4) ^ (code >> 14) ^ tgid as u64) as u32 & (LIVE_SLOTS - 1)
+}
 
 #[map]
 static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
@@ -205,16 +222,21 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         return 0;
     };
     unsafe {
-        (*scratch).walk = FrameWalk {
-            frame: first,
-            n: 0,
-            tgid,
-            last_entry: 0,
-            find_loops: find_loops as u32,
-            window_at: 0,
-            window_end: 0,
-            base: 0,
-        };
+        // Field by field, the zeros as single stores: a struct literal's run of zeros becomes
+        // a `memset` call, a loop of byte stores on BPF. An empty window (`window_end` 0) is
+        // read at the first frame; `window_at` and `base` are set with it.
+        let w = &mut (*scratch).walk;
+        // Before any code object's identity is read (see `PY_CODES_LIVE`).
+        w.deaths = PY_CODE_DEATHS
+            .get_ptr(0)
+            .map(|d| core::ptr::read_volatile(d))
+            .unwrap_or(0);
+        w.frame = first;
+        w.tgid = tgid;
+        w.find_loops = find_loops as u32;
+        core::ptr::write_volatile(&mut w.n, 0);
+        core::ptr::write_volatile(&mut w.last_entry, 0);
+        core::ptr::write_volatile(&mut w.window_end, 0);
         bpf_loop(
             PY_MAX_FRAMES as u32 + 1,
             frame_step as *mut c_void,
@@ -239,12 +261,12 @@ fn walk_python_stack(tgid: u32, tid: u32, ts_ns: u64, sp: u64, find_loops: bool)
         // state's `root_cframe` (in the heap), whose `previous` is NULL: the outermost loop's
         // is the one before it.
         Some(cframe) if p.cframe_current_frame != PY_NO_OFFSET => unsafe {
-            (*scratch).loops = LoopWalk {
-                cframe,
-                previous: p.cframe_current_frame as u64 + 8,
-                before_last: 0,
-                last: 0,
-            };
+            // (Single stores, as the walk's above.)
+            let l = &mut (*scratch).loops;
+            l.cframe = cframe;
+            l.previous = p.cframe_current_frame as u64 + 8;
+            core::ptr::write_volatile(&mut l.before_last, 0);
+            core::ptr::write_volatile(&mut l.last, 0);
             bpf_loop(
                 PY_MAX_FRAMES as u32,
                 loop_step as *mut c_void,
@@ -314,6 +336,8 @@ struct FrameWalk {
     /// Where the current frame starts in the window (kept here, not in a local: the step's
     /// BPF stack is shared with `send_code` below it).
     base: u64,
+    /// `PY_CODE_DEATHS` at the walk's start.
+    deaths: u64,
 }
 
 /// `_PyInterpreterFrame.owner` of an interpreter loop's entry frame (3.12+: on its C stack).
@@ -421,16 +445,19 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
     }
     let code = field_u64(buf, buf.p.frame_code);
     // The code object's identity now: it may be freed before user space reads it.
-    let live = LiveKey {
-        tgid: buf.walk.tgid,
-        generation: buf.p.generation,
-        code,
-    };
-    let known = if code != 0 && buf.p.code_gone != 0 {
-        unsafe { PY_CODES_LIVE.get(&live) }.copied()
+    let live = if code != 0 && buf.p.code_gone != 0 {
+        PY_CODES_LIVE.get_ptr_mut(live_slot(buf.walk.tgid, code))
     } else {
         None
     };
+    let known = live.and_then(|slot| {
+        let slot = unsafe { &*slot };
+        (slot.code == code
+            && slot.tgid == buf.walk.tgid
+            && slot.generation == buf.p.generation
+            && slot.deaths == buf.walk.deaths)
+            .then_some(slot.ids)
+    });
     if let Some(ids) = known {
         meta |= PY_FRAME_HAS_IDS | (ids << 32);
     } else if buf.p.code_ids != PY_NO_OFFSET && code != 0 {
@@ -454,8 +481,16 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
             };
             let sent = unsafe { PY_CODES_SENT.get(&buf.key) }.is_some()
                 || send_code(&buf.p, &buf.key, &buf.words);
-            if sent && buf.p.code_gone != 0 {
-                let _ = PY_CODES_LIVE.insert(&live, &ids, 0);
+            if sent && let Some(slot) = live {
+                unsafe {
+                    *slot = LiveCode {
+                        tgid: buf.walk.tgid,
+                        generation: buf.p.generation,
+                        code,
+                        ids,
+                        deaths: buf.walk.deaths,
+                    }
+                };
             }
         }
     }
@@ -474,21 +509,25 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
     0
 }
 
-/// At the interpreter's `code_dealloc` (its first argument the code object being freed): the
-/// code object's identity is no longer known by its address ([`PY_CODES_LIVE`]). A frame
-/// holds a strong reference to its code object, so the one a walk reads while its thread is
-/// stopped in the probe cannot be freed before the walk is over.
+/// At the interpreter's `code_dealloc` of a traced process: a code object is being freed, so
+/// every slot of [`PY_CODES_LIVE`] filled before now is stale (its address may be reused). The
+/// count goes up before the memory is freed, so before any object can be made there; and a
+/// frame holds a strong reference to its code object, so the one a walk reads while its thread
+/// is stopped in the probe cannot be freed during the walk.
 #[uprobe]
-pub fn py_code_gone(ctx: ProbeContext) -> u32 {
+pub fn py_code_gone(_ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let (Some(p), Some(code)) = (unsafe { PY_PROCS.get(&tgid) }, ctx.arg::<u64>(0)) else {
+    if unsafe { PY_PROCS.get(&tgid) }.is_none() {
         return 0;
-    };
-    let _ = PY_CODES_LIVE.remove(&LiveKey {
-        tgid,
-        generation: p.generation,
-        code,
-    });
+    }
+    if let Some(deaths) = PY_CODE_DEATHS.get_ptr_mut(0) {
+        // A plain `xadd` (see `process::add_children_waiting`).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                deaths, 1,
+            )
+        };
+    }
     0
 }
 
