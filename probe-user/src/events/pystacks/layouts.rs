@@ -176,9 +176,11 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
     let frame_field = |i: usize| -> Option<u32> {
         small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_FRAME_READ)
     };
+    // BPF loads pointer fields from its copies as aligned words.
+    let frame_word = |i: usize| -> Option<u32> { frame_field(i).filter(|o| o % 8 == 0) };
     // The fields BPF reads out of one `PY_TSTATE_READ`-byte copy of a thread state.
     let tstate_field = |i: usize| -> Option<u32> {
-        small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_TSTATE_READ)
+        small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_TSTATE_READ && o % 8 == 0)
     };
     let base = layout_for(3, 13)?;
     Some(PyLayout {
@@ -194,9 +196,9 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
             tstate_native_thread_id: tstate_field(25)?,
             tstate_frame: tstate_field(23)?,
             cframe_current_frame: PY_NO_OFFSET,
-            frame_code: frame_field(30)?,
-            frame_previous: frame_field(29)?,
-            frame_instr: frame_field(31)?,
+            frame_code: frame_word(30)?,
+            frame_previous: frame_word(29)?,
+            frame_instr: frame_word(31)?,
             frame_owner: frame_field(33)?,
             frame_is_entry: PY_NO_OFFSET,
             code_ids: PY_NO_OFFSET,

@@ -217,6 +217,25 @@ fn a_thread_states_fields_fit_one_read() {
                 "3.{minor}: {off}"
             );
         }
+        // BPF loads these from its copies as aligned words.
+        for off in [
+            w.tstate_prev,
+            w.tstate_next,
+            w.tstate_native_thread_id,
+            w.tstate_frame,
+            w.frame_code,
+            w.frame_previous,
+            w.frame_instr,
+        ] {
+            assert_eq!(off % 8, 0, "3.{minor}: {off} is not a word's offset");
+        }
+        if w.tstate_current != probe_common::PY_NO_OFFSET {
+            let span = (w.tstate_current + 8 - w.interpreters_head) as usize;
+            assert!(
+                span <= probe_common::PY_RUNTIME_READ && span % 8 == 0,
+                "3.{minor}"
+            );
+        }
     }
 }
 
