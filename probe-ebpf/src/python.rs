@@ -85,6 +85,32 @@ fn live_slot(tgid: u32, code: u64) -> u32 {
     ((code >> 4) ^ (code >> 14) ^ tgid as u64) as u32 & (LIVE_SLOTS - 1)
 }
 
+/// The identity of code object `code` of the walk's process if a slot knows it still.
+#[inline(always)]
+fn live_ids(buf: &WalkScratch, code: u64) -> Option<u64> {
+    let slot = unsafe { &*PY_CODES_LIVE.get_ptr(live_slot(buf.walk.tgid, code))? };
+    (slot.code == code
+        && slot.tgid == buf.walk.tgid
+        && slot.generation == buf.p.generation
+        && slot.deaths == buf.walk.deaths)
+        .then_some(slot.ids)
+}
+
+/// Fills `code`'s slot (looked up again rather than kept across the identity's read and
+/// `send_code`: the step's BPF stack is the deepest chain's).
+#[inline(always)]
+fn remember_live(buf: &WalkScratch, code: u64, ids: u64) {
+    if let Some(slot) = PY_CODES_LIVE.get_ptr_mut(live_slot(buf.walk.tgid, code)) {
+        // Field by field: a struct literal is built on the BPF stack first.
+        let slot = unsafe { &mut *slot };
+        slot.tgid = buf.walk.tgid;
+        slot.generation = buf.p.generation;
+        slot.code = code;
+        slot.ids = ids;
+        slot.deaths = buf.walk.deaths;
+    }
+}
+
 #[map]
 static PY_CODE_SCRATCH: PerCpuArray<PyCodeEvent> = PerCpuArray::with_max_entries(1, 0);
 
@@ -445,19 +471,11 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
     }
     let code = field_u64(buf, buf.p.frame_code);
     // The code object's identity now: it may be freed before user space reads it.
-    let live = if code != 0 && buf.p.code_gone != 0 {
-        PY_CODES_LIVE.get_ptr_mut(live_slot(buf.walk.tgid, code))
+    let known = if code != 0 && buf.p.code_gone != 0 {
+        live_ids(buf, code)
     } else {
         None
     };
-    let known = live.and_then(|slot| {
-        let slot = unsafe { &*slot };
-        (slot.code == code
-            && slot.tgid == buf.walk.tgid
-            && slot.generation == buf.p.generation
-            && slot.deaths == buf.walk.deaths)
-            .then_some(slot.ids)
-    });
     if let Some(ids) = known {
         meta |= PY_FRAME_HAS_IDS | (ids << 32);
     } else if buf.p.code_ids != PY_NO_OFFSET && code != 0 {
@@ -481,16 +499,8 @@ extern "C" fn frame_step(index: u32, _ctx: *mut c_void) -> i64 {
             };
             let sent = unsafe { PY_CODES_SENT.get(&buf.key) }.is_some()
                 || send_code(&buf.p, &buf.key, &buf.words);
-            if sent && let Some(slot) = live {
-                unsafe {
-                    *slot = LiveCode {
-                        tgid: buf.walk.tgid,
-                        generation: buf.p.generation,
-                        code,
-                        ids,
-                        deaths: buf.walk.deaths,
-                    }
-                };
+            if sent && buf.p.code_gone != 0 {
+                remember_live(buf, code, ids);
             }
         }
     }

@@ -161,6 +161,8 @@ pub struct PyStacks {
     /// BPF walks at the calls that allocate only (the default line): a call of a Python
     /// process without a sample was left unwalked on purpose, and its column stays empty.
     pub allocations_only: bool,
+    /// The stack of a sample taken on a thread without a Python state.
+    no_thread_state: Option<ResolvedStack>,
 }
 
 /// What [`PyStacks::configure`] found, for the caller to hand to BPF.
@@ -180,6 +182,7 @@ impl PyStacks {
             last_looked: None,
             generation: 0,
             allocations_only: false,
+            no_thread_state: None,
         }
     }
 
@@ -353,6 +356,20 @@ impl PyStacks {
     /// CPU per Python stack. Only a stack whose every frame came with its code object's
     /// identity (so the same key is the same code) and resolved to a named line is kept.
     pub fn resolve_text(&mut self, s: &PySample) -> ResolvedStack {
+        // A thread without a Python state (torch_npu's task queue: at every operator) gets
+        // the one marker, made once.
+        if s.flags & py_flags::NO_THREAD_STATE != 0
+            && matches!(self.procs.get(&s.pid), Some(ProcState::Python(_)))
+        {
+            return self
+                .no_thread_state
+                .get_or_insert_with(|| {
+                    let stack = PyStack::marker(NO_THREAD_STATE);
+                    let text = Arc::from(stack.text());
+                    (Arc::new(stack), text)
+                })
+                .clone();
+        }
         // Only a stack whose frames all carry their identity is ever kept, so only such a
         // stack is looked up.
         let keyed = !s.frames.is_empty() && s.frames.iter().all(|f| f.meta & PY_FRAME_HAS_IDS != 0);

@@ -164,8 +164,8 @@ impl Session {
                     }
                     let c = self.stack_job(&ev, raw.ts_ns);
                     let python = self.python_stack_of(&ev, raw.ts_ns);
-                    let stacks = (c.is_some() || python.is_some())
-                        .then(|| Box::new(PendingStacks { c, python }));
+                    let stacks =
+                        (c.is_some() || python.is_some()).then_some(PendingStacks { c, python });
                     self.reorder.push(Pending {
                         seq: self.seq,
                         event: ev,

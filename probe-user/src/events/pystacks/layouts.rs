@@ -177,10 +177,11 @@ pub fn layout_from_debug_offsets(runtime: &[u8]) -> Option<PyLayout> {
         small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_FRAME_READ)
     };
     // BPF loads pointer fields from its copies as aligned words.
-    let frame_word = |i: usize| -> Option<u32> { frame_field(i).filter(|o| o % 8 == 0) };
+    let frame_word = |i: usize| -> Option<u32> { frame_field(i).filter(|o| o.is_multiple_of(8)) };
     // The fields BPF reads out of one `PY_TSTATE_READ`-byte copy of a thread state.
     let tstate_field = |i: usize| -> Option<u32> {
-        small(i).filter(|o| (*o as usize) + 8 <= probe_common::PY_TSTATE_READ && o % 8 == 0)
+        small(i)
+            .filter(|o| (*o as usize) + 8 <= probe_common::PY_TSTATE_READ && o.is_multiple_of(8))
     };
     let base = layout_for(3, 13)?;
     Some(PyLayout {
