@@ -268,8 +268,8 @@ pub struct PyProcess {
     pub code_gone: u32,
 }
 
-/// How many bytes of `_PyRuntime` from `interpreters.head` to `gilstate.tstate_current` (and
-/// its 8 bytes) BPF copies at most ([`PyProcess::tstate_current`]).
+/// The bytes of `_PyRuntime` from `interpreters.head` to `gilstate.tstate_current` (and its 8
+/// bytes) that BPF copies must be fewer than this ([`PyProcess::tstate_current`]).
 pub const PY_RUNTIME_READ: usize = 1024;
 
 /// A code object at first sight (`--call-stack=python`): its names, first line and line table

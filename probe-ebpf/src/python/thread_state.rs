@@ -159,14 +159,14 @@ fn read_runtime(scratch: *mut WalkScratch) -> Option<(u64, u64, u64)> {
     let s = unsafe { &mut *scratch };
     let head_at = s.p.runtime + s.p.interpreters_head as u64;
     let span = (s.p.tstate_current as u64 + 8).wrapping_sub(s.p.interpreters_head as u64);
-    if s.p.tstate_current == PY_NO_OFFSET || span < 16 || span > PY_RUNTIME_READ as u64 {
+    if s.p.tstate_current == PY_NO_OFFSET || span < 16 || span >= PY_RUNTIME_READ as u64 {
         let [head, main] = unsafe { bpf_probe_read_user(head_at as *const [u64; 2]) }.ok()?;
         return Some((head, main, 0));
     }
-    let len = span as u32;
-    if len > PY_RUNTIME_READ as u32 {
-        return None;
-    }
+    // Masked as well, through a volatile read so that the compiler keeps the mask it would
+    // prove useless: kernels before 6.13 lose the bound of the comparison above on the way to
+    // the helper's size ("R2 min value is negative", seen on 6.12).
+    let len = unsafe { core::ptr::read_volatile(&span) } as u32 & (PY_RUNTIME_READ as u32 - 1);
     let rc = unsafe {
         aya_ebpf::helpers::generated::bpf_probe_read_user(
             s.runtime.as_mut_ptr() as *mut c_void,

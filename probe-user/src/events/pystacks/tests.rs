@@ -232,7 +232,7 @@ fn a_thread_states_fields_fit_one_read() {
         if w.tstate_current != probe_common::PY_NO_OFFSET {
             let span = (w.tstate_current + 8 - w.interpreters_head) as usize;
             assert!(
-                span <= probe_common::PY_RUNTIME_READ && span.is_multiple_of(8),
+                span < probe_common::PY_RUNTIME_READ && span.is_multiple_of(8),
                 "3.{minor}"
             );
         }
