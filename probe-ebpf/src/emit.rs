@@ -9,7 +9,7 @@ use aya_ebpf::helpers::{
     bpf_ktime_get_ns,
     generated::{bpf_get_smp_processor_id, bpf_send_signal_thread},
 };
-use probe_common::{DATA_LEN, MAX_ARGS, RAW_HEADER, RawEvent, SIGSTOP, counter, event_flags, kind};
+use probe_common::{DATA_LEN, RAW_HEADER, RawEvent, SIGSTOP, counter, event_flags, kind};
 
 use crate::maps::{EVENTS, SCRATCH, bump};
 
@@ -118,8 +118,8 @@ pub(crate) fn scratch(kind_: u16, tgid: u32, tid: u32) -> Option<&'static mut Ra
     // is a loop of byte stores (~360 instructions at every event).
     unsafe {
         write_volatile(&mut ev.ret_ts_ns, 0);
-        for i in 0..MAX_ARGS {
-            write_volatile(&mut ev.args[i], 0);
+        for arg in ev.args.iter_mut() {
+            write_volatile(arg, 0);
         }
         write_volatile(&mut ev.ret, 0);
         write_volatile(&mut ev.deref, 0);

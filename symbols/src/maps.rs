@@ -24,6 +24,20 @@ impl MapEntry {
     pub fn is_executable(&self) -> bool {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }
+
+    /// Where the mapped file opens from outside the process whatever its mount namespace,
+    /// even deleted or replaced: `/proc/PID/map_files/START-END`.
+    pub fn map_files_path(&self, pid: u32) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            self.start, self.end
+        ))
+    }
+
+    /// The file offset of run-time address `addr`, when this mapping holds it.
+    pub fn file_offset_of(&self, addr: u64) -> Option<u64> {
+        (self.start <= addr && addr < self.end).then(|| self.offset + (addr - self.start))
+    }
 }
 
 /// Reads and parses `/proc/<pid>/maps`.
@@ -76,6 +90,18 @@ fn parse_line(line: &str) -> Option<MapEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mapping_gives_the_file_offset_and_map_files_path_of_an_address() {
+        let m = &parse_maps("7f1e2d000000-7f1e2d100000 r-xp 00028000 fd:01 99 /lib/x.so\n")[0];
+        assert_eq!(m.file_offset_of(0x7f1e2d000010), Some(0x28010));
+        assert_eq!(m.file_offset_of(0x7f1e2d100000), None);
+        assert_eq!(m.file_offset_of(0x7f1e2cffffff), None);
+        assert_eq!(
+            m.map_files_path(42),
+            PathBuf::from("/proc/42/map_files/7f1e2d000000-7f1e2d100000")
+        );
+    }
 
     #[test]
     fn parses_file_anonymous_and_deleted_lines() {

@@ -274,9 +274,7 @@ impl ProcessView {
                     path: path.clone(),
                     deleted: e.deleted,
                     inode: e.inode,
-                    map_files: pid.map(|p| {
-                        PathBuf::from(format!("/proc/{p}/map_files/{:x}-{:x}", e.start, e.end))
-                    }),
+                    map_files: pid.map(|p| e.map_files_path(p)),
                     root: pid.map(|p| PathBuf::from(format!("/proc/{p}/root"))),
                     file: OnceLock::new(),
                     object: OnceLock::new(),

@@ -177,11 +177,11 @@ fn read_runtime(scratch: *mut WalkScratch) -> Option<(u64, u64, u64)> {
     if rc != 0 {
         return None;
     }
-    let bytes = s.runtime.as_ptr();
+    let words = s.runtime.as_ptr();
     Some((
-        masked_u64(bytes, 0, PY_RUNTIME_READ - 1),
-        masked_u64(bytes, 8, PY_RUNTIME_READ - 1),
-        masked_u64(bytes, span as u32 - 8, PY_RUNTIME_READ - 1),
+        masked_u64(words, 0, PY_RUNTIME_READ - 1),
+        masked_u64(words, 8, PY_RUNTIME_READ - 1),
+        masked_u64(words, span as u32 - 8, PY_RUNTIME_READ - 1),
     ))
 }
 

@@ -294,19 +294,14 @@ impl PyStacks {
             let bytes = read_at(&p.mem, p.code_type + TP_DEALLOC, 8)?;
             let dealloc = u64::from_le_bytes(bytes[..8].try_into()?);
             let maps = memscope_symbols::read_maps(pid)?;
-            let Some(m) = maps
+            let Some((m, offset)) = maps
                 .iter()
-                .find(|m| m.is_executable() && m.start <= dealloc && dealloc < m.end)
+                .filter(|m| m.is_executable())
+                .find_map(|m| m.file_offset_of(dealloc).map(|offset| (m, offset)))
             else {
                 anyhow::bail!("code_dealloc at 0x{dealloc:x} is in no executable mapping");
             };
-            // The process's view of the file, whatever its mount namespace.
-            let file = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-            bpf.watch_code_deaths(
-                pid,
-                std::path::Path::new(&file),
-                m.offset + dealloc - m.start,
-            )?;
+            bpf.watch_code_deaths(pid, &m.map_files_path(pid), offset)?;
             Ok(dealloc)
         })();
         match watched {

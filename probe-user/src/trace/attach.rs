@@ -305,7 +305,7 @@ impl Planner {
         for m in maps.iter().filter(|m| m.is_executable()) {
             let Some(path) = &m.path else { continue };
             let host = if m.deleted {
-                PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+                m.map_files_path(pid)
             } else {
                 env.host_path(path)
             };

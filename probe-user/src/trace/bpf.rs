@@ -544,9 +544,8 @@ impl Bpf {
         let link = multi
             .attach("py_code_gone", false, path, &[(file_offset, 0)], pid)
             .with_context(|| format!("cannot probe {}+{file_offset:#x}", path.display()))?;
-        if let Some(old) = self.code_gone_links.insert(pid, link) {
-            self.unlinking.extend(detach::close_in_background(old));
-        }
+        self.unwatch_code_deaths(pid);
+        self.code_gone_links.insert(pid, link);
         Ok(())
     }
 
@@ -557,9 +556,7 @@ impl Bpf {
 
     /// `pid` exited or exec'd: its interpreter is gone.
     pub fn forget_python_process(&mut self, pid: u32) {
-        if let Some(link) = self.code_gone_links.remove(&pid) {
-            self.unlinking.extend(detach::close_in_background(link));
-        }
+        self.unwatch_code_deaths(pid);
         if let Some(m) = self.ebpf.map_mut("PY_PROCS")
             && let Ok(mut map) = HashMap::<&mut MapData, u32, probe_common::PyProcess>::try_from(m)
         {

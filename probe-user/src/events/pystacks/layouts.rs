@@ -250,7 +250,7 @@ pub fn find_interpreter(pid: u32) -> Result<Option<Interpreter>> {
         }
         tried.push(path);
         // The process's view of the file (its mount namespace, or a deleted file).
-        let file = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+        let file = m.map_files_path(pid);
         let data = match std::fs::read(&file) {
             Ok(d) => d,
             Err(_) => match std::fs::read(path) {

@@ -26,12 +26,17 @@ impl Bpf {
     /// detach from has its breakpoints back out once [`Bpf::close_links`] has joined them.
     pub fn drop_process_probes(&mut self, pid: u32) {
         self.unlinking.retain(|t| !t.is_finished());
-        if let Some(link) = self.code_gone_links.remove(&pid) {
-            self.unlinking.extend(close_in_background(link));
-        }
+        self.unwatch_code_deaths(pid);
         if let Some(links) = self.process_links.remove(&pid) {
             self.unlinking
                 .extend(links.into_iter().filter_map(close_in_background));
+        }
+    }
+
+    /// Closes the link on `pid`'s `code_dealloc` (`watch_code_deaths`), if it has one.
+    pub(super) fn unwatch_code_deaths(&mut self, pid: u32) {
+        if let Some(link) = self.code_gone_links.remove(&pid) {
+            self.unlinking.extend(close_in_background(link));
         }
     }
 
@@ -105,9 +110,7 @@ impl Drop for Bpf {
 }
 
 /// Closes `link` on a thread of its own (`None`: no thread could be made, and it is closed here).
-pub(super) fn close_in_background(
-    link: std::os::fd::OwnedFd,
-) -> Option<std::thread::JoinHandle<()>> {
+fn close_in_background(link: std::os::fd::OwnedFd) -> Option<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("unlink".into())
         .spawn(move || drop(link))
