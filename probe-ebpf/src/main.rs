@@ -59,6 +59,15 @@ pub fn noop_return_site(_ctx: ProbeContext) -> u32 {
     0
 }
 
+/// For tests of how a refusal is reported (`MEMSCOPE_BPF_REFUSED_ENTRY`): every verifier
+/// refuses it, as a kernel might refuse the real programs. It reads through the first argument,
+/// a number to the verifier, not a pointer.
+#[uprobe]
+pub fn refused_entry(ctx: ProbeContext) -> u32 {
+    let addr: u64 = ctx.arg(0).unwrap_or(0);
+    unsafe { core::ptr::read_volatile(addr as *const u32) }
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

@@ -1,4 +1,5 @@
-//! Bad input gives a clear message and exit code 2, before anything is traced.
+//! Bad input gives a clear message and exit code 2, before anything is traced; a kernel that
+//! refuses the tracer's programs, exit code 1, before the target runs.
 
 mod common;
 
@@ -96,6 +97,54 @@ fn unwritable_output_directory_is_rejected_before_launch() {
         !marker.exists(),
         "the program must not run when the output is unusable"
     );
+}
+
+/// A program the kernel's verifier refuses stops the tracer before the target starts, whether
+/// the programs go through multi-uprobe links or perf links: the error names it and shows where
+/// the verifier stopped. (Before, the target ran without probes and its exit status looked like
+/// a trace's, with no output at all.)
+#[test]
+fn a_refused_program_stops_the_tracer_before_launch() {
+    if !require_root("a_refused_program_stops_the_tracer_before_launch") {
+        return;
+    }
+    let dir = scratch("refused");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let output = dir.join("out");
+    for links in ["multi-uprobe", "perf"] {
+        let mut cmd = std::process::Command::new(TRACER);
+        cmd.env_remove("SUDO_UID")
+            .env(memscope_bpf::trace::bpf::REFUSED_ENTRY_ENV, "1")
+            .args([
+                "-o",
+                output.to_str().unwrap(),
+                "--",
+                "/bin/sh",
+                "-c",
+                &touch,
+            ]);
+        if links == "perf" {
+            cmd.env(memscope_bpf::trace::bpf::NO_MULTI_ENV, "1");
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{links}: {stderr}");
+        assert!(
+            stderr.contains("the kernel refused the uprobe program refused_entry"),
+            "{links}: {stderr}"
+        );
+        // The verifier's own words for the read through a number.
+        assert!(
+            stderr.contains("R1 invalid mem access 'scalar'"),
+            "{links}: {stderr}"
+        );
+        assert!(!marker.exists(), "{links}: the program must not run");
+        assert!(
+            find_files(&output, "memscope_dump").is_empty(),
+            "{links}: no dump without a trace"
+        );
+    }
 }
 
 #[test]

@@ -17,8 +17,10 @@ use probe_common::{ProbeSpec, TracepointOffsets, counter};
 use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
 pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
+pub use preload::REFUSED_ENTRY_ENV;
 
 mod detach;
+pub(crate) mod preload;
 #[cfg(test)]
 mod stack_budget;
 mod stack_choice;
@@ -162,9 +164,14 @@ impl Bpf {
             }
             loaded => loaded?,
         };
-        // aya's copies of the uprobe programs are loaded when first needed (perf links).
+        let uprobe_programs =
+            preload::with_test_refusal(if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
+                NOOP_PROGRAMS
+            } else {
+                PROGRAMS
+            });
         let kernel_btf = btf_thread.join().ok().flatten();
-        let multi = load_multi_programs(&ebpf, kernel_btf.as_ref());
+        let multi = load_multi_programs(&ebpf, kernel_btf.as_ref(), uprobe_programs.0);
         if log_level != 0 {
             // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
             bpf_log::forward(&mut ebpf)?;
@@ -185,11 +192,7 @@ impl Bpf {
             stats: std::env::var_os(STATS_ENV)
                 .and_then(|_| aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()),
             noop_lib: noop_lib(),
-            uprobe_programs: if std::env::var_os(NOOP_PROGRAMS_ENV).is_some() {
-                NOOP_PROGRAMS
-            } else {
-                PROGRAMS
-            },
+            uprobe_programs,
             spec_copies: Default::default(),
             traced,
             known_paths,
@@ -208,6 +211,8 @@ impl Bpf {
             holds: None,
             holders,
         };
+        // aya's copies where there are no multi-uprobe links: a refusal stops us here.
+        bpf.load_uprobe_programs()?;
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
             "BPF programs loaded in {:.0} ms",
@@ -656,7 +661,12 @@ pub const NO_MULTI_ENV: &str = "MEMSCOPE_BPF_NO_MULTI_UPROBE";
 
 /// The uprobe programs loaded a second time for multi-uprobe links, sharing aya's maps;
 /// None (said at debug level) where the kernel cannot load them that way.
-fn load_multi_programs(ebpf: &Ebpf, kernel_btf: Option<&aya::Btf>) -> Option<MultiPrograms> {
+/// The multi-uprobe programs, `entry` with them (the entry [`preload`]'s test swaps in).
+fn load_multi_programs(
+    ebpf: &Ebpf,
+    kernel_btf: Option<&aya::Btf>,
+    entry: &'static str,
+) -> Option<MultiPrograms> {
     if std::env::var_os(NO_MULTI_ENV).is_some() {
         crate::log::debug(&format!("{NO_MULTI_ENV}: one perf link per probe"));
         return None;
@@ -666,8 +676,12 @@ fn load_multi_programs(ebpf: &Ebpf, kernel_btf: Option<&aya::Btf>) -> Option<Mul
         crate::log::debug("no kernel BTF: one perf link per probe");
         return None;
     };
+    let mut names = UPROBE_PROGRAMS.to_vec();
+    if !names.contains(&entry) {
+        names.push(entry);
+    }
     let loaded = multi_uprobe::map_fds(ebpf)
-        .and_then(|maps| MultiPrograms::load(BPF_OBJECT, &maps, &UPROBE_PROGRAMS, kernel_btf));
+        .and_then(|maps| MultiPrograms::load(BPF_OBJECT, &maps, &names, kernel_btf));
     match loaded {
         Ok(m) => {
             crate::log::debug(&format!(

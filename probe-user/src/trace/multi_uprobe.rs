@@ -19,6 +19,8 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{Map, MapData};
 
+use crate::trace::bpf::preload::{VERIFIER_LINES, last_lines};
+
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
@@ -163,6 +165,11 @@ pub fn map_fds(ebpf: &aya::Ebpf) -> Result<HashMap<String, OwnedFd>> {
 }
 
 impl MultiPrograms {
+    /// Whether program `name` is loaded here.
+    pub fn has(&self, name: &str) -> bool {
+        self.fds.contains_key(name)
+    }
+
     /// Loads `names` from `object` with `expected_attach_type = BPF_TRACE_UPROBE_MULTI`,
     /// their maps being the ones in `maps`.
     pub fn load(
@@ -337,17 +344,7 @@ fn load_program(
                 let _ = e;
             }
             Err(e) => {
-                let text = String::from_utf8_lossy(&log);
-                let text = text.trim_end_matches('\0');
-                let tail: String = text
-                    .lines()
-                    .rev()
-                    .take(20)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n");
+                let tail = last_lines(&String::from_utf8_lossy(&log), VERIFIER_LINES);
                 bail!("{e}\n{tail}");
             }
         }
