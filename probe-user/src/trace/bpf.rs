@@ -17,9 +17,11 @@ use probe_common::{ProbeSpec, TracepointOffsets, counter};
 use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
 pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
+pub use discovery::OPEN_TRACEPOINTS_ENV;
 pub use preload::REFUSED_ENTRY_ENV;
 
 mod detach;
+mod discovery;
 pub(crate) mod preload;
 #[cfg(test)]
 mod stack_budget;
@@ -171,6 +173,7 @@ impl Bpf {
                 PROGRAMS
             });
         let kernel_btf = btf_thread.join().ok().flatten();
+        let discovery = discovery::attach(&mut ebpf, kernel_btf.as_ref())?;
         let multi = load_multi_programs(&ebpf, kernel_btf.as_ref(), uprobe_programs.0);
         if log_level != 0 {
             // After the multi-uprobe copies took their map fds: this takes AYA_LOGS from aya.
@@ -215,7 +218,7 @@ impl Bpf {
         bpf.load_uprobe_programs()?;
         bpf.batching = bpf.run_flush();
         crate::log::debug(&format!(
-            "BPF programs loaded in {:.0} ms",
+            "BPF programs loaded in {:.0} ms (library discovery: {discovery})",
             started.elapsed().as_secs_f64() * 1e3
         ));
         if bpf.batching {
@@ -726,7 +729,7 @@ fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 }
 
 /// Loads the BPF object, its log level set to `log_level` (0: off), and loads and attaches the
-/// process-tree tracepoints.
+/// process-tree tracepoints (library discovery's are `discovery::attach`'s).
 fn load_tracing(
     offsets: &TracepointOffsets,
     ring_bytes: u32,
@@ -759,8 +762,6 @@ fn load_tracing(
         ("task_newtask", "task", "task_newtask"),
         ("process_exec", "sched", "sched_process_exec"),
         ("process_exit", "sched", "sched_process_exit"),
-        ("enter_openat", "syscalls", "sys_enter_openat"),
-        ("exit_openat", "syscalls", "sys_exit_openat"),
     ] {
         let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
         tp.load()
