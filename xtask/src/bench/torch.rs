@@ -68,12 +68,14 @@ impl Bench {
             println!("{TAG} torch: SKIPPED ({} not installed)", venv.display());
             return Ok(());
         }
-        // `MEMSCOPE_BENCH_TORCH_ITERS=N`: a longer timed loop (each run's start-up, ~7 s,
-        // dwarfs it; a longer one evens out the scheduling of the loop's two threads).
+        // `MEMSCOPE_BENCH_TORCH_ITERS=N` sets the timed loop's length. By default 100,000
+        // iterations (~2.5 s traced, beside each run's ~7 s start-up): runs of 10,000 or 20,000
+        // (~0.5 s) read 15-23 µs for one build's floor on this 2-CPU machine, as the loop's
+        // two threads happened to be scheduled (benchmark-notes.md, session 15).
         let iters = std::env::var("MEMSCOPE_BENCH_TORCH_ITERS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(if self.opts.quick { 3_000 } else { 10_000 });
+            .unwrap_or(if self.opts.quick { 30_000 } else { 100_000 });
         let baseline = std::env::var_os("MEMSCOPE_BENCH_BASELINE").map(PathBuf::from);
         let mut runs = vec![Run {
             key: "untraced".into(),
