@@ -170,6 +170,7 @@ fn run(opts: Options) -> Result<u8> {
             c.user, c.uid, c.gid
         ));
     }
+    let made_dirs = output::fsutil::MadeDirs::before_making(&opts.output_dir);
     output::fsutil::check_writable(&opts.output_dir)
         .map_err(|e| usage(format!("invalid output directory: {e:#}")))?;
 
@@ -296,6 +297,7 @@ fn run(opts: Options) -> Result<u8> {
         }
         _ => unreachable!("compare and analyze handled above"),
     };
+    made_dirs.keep();
 
     let cfg = SessionConfig {
         output_dir: opts.output_dir.clone(),

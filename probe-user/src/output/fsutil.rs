@@ -495,6 +495,39 @@ fn readlinkat(dirfd: i32, name: &CString) -> io::Result<PathBuf> {
     Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
 }
 
+/// The directories `check_writable` is about to make for `--output`, removed again when the
+/// run fails before it starts tracing (not root, a refused program): a failed start leaves
+/// nothing behind. Only empty ones go (`remove_dir` refuses any other).
+pub struct MadeDirs(Vec<PathBuf>);
+
+impl MadeDirs {
+    /// Before `check_writable(dir)`: `dir` and each missing directory above it, deepest first.
+    pub fn before_making(dir: &Path) -> Self {
+        let mut missing = Vec::new();
+        let mut at = Some(dir);
+        while let Some(p) = at.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+            missing.push(p.to_path_buf());
+            at = p.parent();
+        }
+        MadeDirs(missing)
+    }
+
+    /// Tracing started: they stay, whatever happens next.
+    pub fn keep(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            if std::fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+    }
+}
+
 /// Checks up front that we can create files in `dir` (creating it if needed), so a bad
 /// `--output` fails before the target is started.
 pub fn check_writable(dir: &Path) -> Result<()> {
