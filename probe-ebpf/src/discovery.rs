@@ -1,6 +1,7 @@
 //! Library discovery: `opened` (or `enter_openat` / `exit_openat` where the kernel has no
-//! fexit programs) reports each shared object a traced process opens, so libraries loaded later get probes too; in launch mode an object user
-//! space has not planned (`KNOWN_PATHS`) stops the process until it has. The node agent
+//! fexit programs) reports each shared object a traced process opens, so libraries loaded
+//! later get probes too; in launch mode an object user space has not planned
+//! (`KNOWN_PATHS`) stops the process until it has. The node agent
 //! holds a process the same way at the open of a vendor library (`VENDOR_NAMES`) whose path
 //! it has not cleared in the process's cgroup (`CLEARED`). Both record their stop at an open in
 //! `HOLDERS`, which every tracer on the node shares (pinned in bpffs), so the last tracer
@@ -61,7 +62,8 @@ static KNOWN_PATHS: HashMap<u64, u8> = HashMap::with_max_entries(65536, 0);
 /// Library discovery where the kernel has fexit programs: one program at the return of
 /// `do_sys_openat2` (`open`, `openat` and `openat2` all end there), and only opens pay for it.
 /// The syscall tracepoints below put every task of the machine on the system calls' slow path
-/// while attached, traced or not (+0.05 us per system call measured here).
+/// while attached, traced or not (+0.06 µs per call on the x86 VM of docs/benchmark-notes.md,
+/// session 16).
 #[fexit(function = "do_sys_openat2")]
 pub fn opened(ctx: FExitContext) -> i32 {
     let _ = try_opened(&ctx);

@@ -662,9 +662,9 @@ const UPROBE_PROGRAMS: [&str; 8] = [
 /// has multi-uprobe links (benchmarks and tests compare the two).
 pub const NO_MULTI_ENV: &str = "MEMSCOPE_BPF_NO_MULTI_UPROBE";
 
-/// The uprobe programs loaded a second time for multi-uprobe links, sharing aya's maps;
-/// None (said at debug level) where the kernel cannot load them that way.
-/// The multi-uprobe programs, `entry` with them (the entry [`preload`]'s test swaps in).
+/// The uprobe programs loaded a second time for multi-uprobe links, sharing aya's maps, with
+/// `entry` among them (the one [`preload`]'s test swaps in); None (said at debug level) where
+/// the kernel cannot load them that way.
 fn load_multi_programs(
     ebpf: &Ebpf,
     kernel_btf: Option<&aya::Btf>,
