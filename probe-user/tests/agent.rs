@@ -356,6 +356,13 @@ fn agent_metrics_match_each_workloads_log_and_flag_only_the_leak() {
         .map(|(_, _, v)| *v)
         .expect("self-metric of the agent's CPU time");
     assert!(cpu > 0.0, "the agent used no CPU? {cpu}");
+    // These workloads never fill the unwinder's backlog (unit test: events::stacks).
+    let dropped = m
+        .iter()
+        .find(|(n, _, _)| n == "memscope_agent_dropped_stacks_total")
+        .map(|(_, _, v)| *v)
+        .expect("self-metric of the stacks dropped behind the unwinder");
+    assert_eq!(dropped, 0.0);
 
     // pprof: the heap of the leaky process.
     let (status, body) =

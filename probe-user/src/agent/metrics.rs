@@ -231,6 +231,11 @@ pub fn render(shared: &Arc<Shared>, format: Format) -> String {
             c.sampled_stacks.load(Ordering::Relaxed),
         ),
         (
+            "memscope_agent_dropped_stacks",
+            "Sampled allocations whose stack was not unwound: the unwinder was behind",
+            c.dropped_stacks.load(Ordering::Relaxed),
+        ),
+        (
             "memscope_agent_unsampled_allocations",
             "Allocations counted without resolving their stack",
             c.unsampled_allocations.load(Ordering::Relaxed),

@@ -79,6 +79,9 @@ pub struct ProcessSnapshot {
 pub struct AgentCounters {
     pub sampled_stacks: AtomicU64,
     pub unsampled_allocations: AtomicU64,
+    /// Sampled allocations whose stack was not unwound: too much was waiting for the unwinder
+    /// (`events::stacks::DROPPED_STACK`; their bytes stay in the profile under that frame).
+    pub dropped_stacks: AtomicU64,
     pub processes_seen: AtomicU64,
     /// Holds at a vendor library's open (`trace::hold`), those the watchdog ended, and
     /// their total time.
@@ -342,6 +345,9 @@ impl Observer for AgentObserver {
             d.peak = Some(d.peak.unwrap_or(0).max(d.live));
             d.allocated = Some(d.allocated.unwrap_or(0) + size);
             let sampled = match &r.c_stack {
+                Some(s) if &**s == crate::events::stacks::DROPPED_STACK => {
+                    &shared.counters.dropped_stacks
+                }
                 Some(_) => &shared.counters.sampled_stacks,
                 None => &shared.counters.unsampled_allocations,
             };

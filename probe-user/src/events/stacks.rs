@@ -6,7 +6,11 @@
 use std::{
     collections::HashMap,
     mem::offset_of,
-    sync::{Arc, mpsc},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
     thread,
 };
 
@@ -114,6 +118,15 @@ struct Job {
 /// Jobs sent to the worker at once at most (a tight loop with every call sampled).
 const SEND_BATCH: usize = 64;
 
+/// The text of a sample whose stack was not unwound because too many bytes of stack copies
+/// were already waiting for the worker ([`StackResolver::with_backlog_limit`]).
+pub const DROPPED_STACK: &str = "[stack dropped: the unwinder was behind]";
+
+/// The memory a job holds until the worker is done with it.
+fn job_bytes(sample: &StackSample) -> usize {
+    std::mem::size_of::<Job>() + sample.stack.len() + 8 * sample.fp_frames.len()
+}
+
 /// Resolves stacks on a worker thread; results come back by job id.
 ///
 /// Jobs go to the worker in batches, and their texts come back in batches: a channel
@@ -123,6 +136,14 @@ pub struct StackResolver {
     jobs: Option<mpsc::Sender<Vec<Job>>>,
     /// Submitted, not yet sent (ids rising): see [`send_queued`](Self::send_queued).
     queued: Vec<Job>,
+    /// [`job_bytes`] of `queued`.
+    queued_bytes: usize,
+    /// [`job_bytes`] of the jobs sent and not yet unwound (the worker takes its own off).
+    waiting: Arc<AtomicUsize>,
+    /// Most bytes queued and waiting before a sample's stack is dropped; None: never (the
+    /// tracer's runs finish late instead).
+    backlog_limit: Option<usize>,
+    dropped_text: Arc<str>,
     results: mpsc::Receiver<Vec<(u64, Arc<str>)>>,
     ready: HashMap<u64, Arc<str>>,
     /// Each process's mappings: (view id, view, stale). A stale view (its mappings changed)
@@ -139,6 +160,8 @@ impl StackResolver {
     pub fn new(depth: usize) -> Self {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<Job>>();
         let (res_tx, res_rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let worker_waiting = waiting.clone();
         let worker = thread::Builder::new()
             .name("memscope-stacks".into())
             .spawn(move || {
@@ -149,7 +172,9 @@ impl StackResolver {
                         .iter()
                         .map(|job| (job.id, resolve(&symbolizer, &mut texts, job, depth)))
                         .collect();
+                    let bytes: usize = jobs.iter().map(|j| job_bytes(&j.sample)).sum();
                     drop(jobs);
+                    worker_waiting.fetch_sub(bytes, Ordering::Relaxed);
                     if res_tx.send(done).is_err() {
                         break;
                     }
@@ -159,6 +184,10 @@ impl StackResolver {
         StackResolver {
             jobs: Some(jobs_tx),
             queued: Vec::new(),
+            queued_bytes: 0,
+            waiting,
+            backlog_limit: None,
+            dropped_text: Arc::from(DROPPED_STACK),
             results: res_rx,
             ready: HashMap::new(),
             views: HashMap::new(),
@@ -166,6 +195,14 @@ impl StackResolver {
             next_view_id: 0,
             worker: Some(worker),
         }
+    }
+
+    /// Bounds the memory of samples waiting to be unwound (the node agent, which must not grow
+    /// without end behind a job that allocates faster than its stacks unwind): past `bytes`,
+    /// a sample's text is [`DROPPED_STACK`] at once.
+    pub fn with_backlog_limit(mut self, bytes: usize) -> Self {
+        self.backlog_limit = Some(bytes);
+        self
     }
 
     /// The process's mappings changed (exec, a library opened): snapshot them anew next time.
@@ -204,6 +241,13 @@ impl StackResolver {
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
+        let bytes = job_bytes(&sample);
+        if let Some(limit) = self.backlog_limit
+            && self.waiting.load(Ordering::Relaxed) + self.queued_bytes + bytes > limit
+        {
+            self.ready.insert(id, self.dropped_text.clone());
+            return id;
+        }
         let (view_id, view) = match self.views.get(&sample.pid) {
             Some((id, v, false)) if v.lookup(sample.ip).is_some() => (*id, v.clone()),
             known => match ProcessView::from_pid(sample.pid) {
@@ -239,6 +283,7 @@ impl StackResolver {
                 },
             },
         };
+        self.queued_bytes += bytes;
         self.queued.push(Job {
             id,
             view,
@@ -259,8 +304,12 @@ impl StackResolver {
             return;
         }
         let jobs = std::mem::take(&mut self.queued);
+        let bytes = std::mem::take(&mut self.queued_bytes);
         if let Some(tx) = &self.jobs {
-            let _ = tx.send(jobs);
+            self.waiting.fetch_add(bytes, Ordering::Relaxed);
+            if tx.send(jobs).is_err() {
+                self.waiting.fetch_sub(bytes, Ordering::Relaxed);
+            }
         }
     }
 
@@ -488,6 +537,51 @@ mod tests {
             first.contains("resolves_our_own_stack_through_the_worker"),
             "{text}"
         );
+    }
+
+    /// With a backlog limit, a sample that would take the bytes queued and waiting past it is
+    /// dropped at once (its text [`DROPPED_STACK`]); once the worker is done with the others,
+    /// the next one is unwound again.
+    #[test]
+    fn a_backlog_limit_drops_stacks_past_it_and_recovers() {
+        let pc = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
+        let sample = || StackSample {
+            pid: std::process::id(),
+            tid: 0,
+            ts_ns: 0,
+            ip: pc,
+            sp: 0,
+            fp: 0,
+            lr: 0,
+            fp_frames: vec![],
+            stack: vec![0; STACK_COPY_MAX],
+        };
+        let each = job_bytes(&sample());
+        let mut r = StackResolver::new(8).with_backlog_limit(2 * each);
+        let kept = [
+            r.submit(sample(), false, None),
+            r.submit(sample(), false, None),
+        ];
+        let dropped = r.submit(sample(), false, None);
+        assert_eq!(r.queued.len(), 2, "the third waits for nothing");
+        assert_eq!(r.take(dropped).as_deref(), Some(DROPPED_STACK));
+        for id in kept {
+            let text = r.wait(id);
+            assert!(text.starts_with(&format!("0x{pc:016x} ")), "{text}");
+        }
+        // The worker took its bytes off before sending the texts back.
+        assert_eq!(r.waiting.load(Ordering::Relaxed), 0);
+        let again = r.submit(sample(), false, None);
+        assert_ne!(&*r.wait(again), DROPPED_STACK);
+        // Without a limit nothing is dropped, however much waits.
+        let mut unbounded = StackResolver::new(8);
+        let ids: Vec<u64> = (0..3)
+            .map(|_| unbounded.submit(sample(), false, None))
+            .collect();
+        assert_eq!(unbounded.queued.len(), 3);
+        for id in ids {
+            assert_ne!(&*unbounded.wait(id), DROPPED_STACK);
+        }
     }
 
     /// Jobs go to the worker in batches: none is lost across the batch size, a job still

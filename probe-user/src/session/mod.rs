@@ -81,6 +81,12 @@ pub struct SessionConfig {
     pub snapshot: bool,
 }
 
+/// Most bytes of sampled stacks the node agent keeps waiting for its unwinder (at 64 KiB a
+/// copy, ~1,000 samples, ~55 ms of unwinding): a job that allocates faster than its stacks
+/// unwind grew the agent to 1.7 GB in 20 s before, ~560 MB with this bound, ring buffer
+/// included (benchmark-notes.md, session 16).
+const AGENT_STACK_BACKLOG: usize = 64 << 20;
+
 /// What a long-running consumer of the tracked state (the node agent) hooks into the session.
 /// With an observer no files are written and the session ends only on a signal.
 pub trait Observer {
@@ -267,6 +273,7 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 impl Session {
     pub fn new(bpf: Bpf, planner: Planner, mut cfg: SessionConfig) -> Self {
         let stack_depth = cfg.stack_depth;
+        let agent = cfg.observer.is_some();
         let python = cfg.python.take();
         let realtime_offset =
             clock_ns(libc::CLOCK_REALTIME) as i128 - clock_ns(libc::CLOCK_MONOTONIC) as i128;
@@ -284,7 +291,11 @@ impl Session {
             leaks: Vec::new(),
             reported: Counters::default(),
             child_status: None,
-            stacks: stack_depth.map(StackResolver::new),
+            stacks: stack_depth.map(|depth| match agent {
+                // The node agent runs on: what waits for the unwinder stays bounded.
+                true => StackResolver::new(depth).with_backlog_limit(AGENT_STACK_BACKLOG),
+                false => StackResolver::new(depth),
+            }),
             pending_stacks: HashMap::default(),
             python,
             pending_py: HashMap::default(),
