@@ -480,6 +480,21 @@ fn resolve(symbolizer: &Symbolizer, texts: &mut StackTexts, job: &Job, depth: us
 mod tests {
     use super::*;
 
+    /// A frame-pointer-only sample of this very process at `ip`, with `stack` bytes copied.
+    fn own_sample(ip: u64, stack: usize) -> StackSample {
+        StackSample {
+            pid: std::process::id(),
+            tid: 0,
+            ts_ns: 0,
+            ip,
+            sp: 0,
+            fp: 0,
+            lr: 0,
+            fp_frames: vec![],
+            stack: vec![0; stack],
+        }
+    }
+
     #[test]
     fn parses_a_stack_record_and_rejects_others() {
         let mut ev: StackEvent = unsafe { std::mem::zeroed() };
@@ -515,21 +530,7 @@ mod tests {
         // A frame-pointer-only sample of this very process: the test function's return path.
         let pc = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
         let mut r = StackResolver::new(8);
-        let id = r.submit(
-            StackSample {
-                pid: std::process::id(),
-                tid: 0,
-                ts_ns: 0,
-                ip: pc,
-                sp: 0,
-                fp: 0,
-                lr: 0,
-                fp_frames: vec![],
-                stack: vec![],
-            },
-            false,
-            None,
-        );
+        let id = r.submit(own_sample(pc, 0), false, None);
         let text = r.wait(id);
         let first = text.lines().next().unwrap();
         assert!(first.starts_with(&format!("0x{pc:016x} ")), "{text}");
@@ -545,17 +546,7 @@ mod tests {
     #[test]
     fn a_backlog_limit_drops_stacks_past_it_and_recovers() {
         let pc = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
-        let sample = || StackSample {
-            pid: std::process::id(),
-            tid: 0,
-            ts_ns: 0,
-            ip: pc,
-            sp: 0,
-            fp: 0,
-            lr: 0,
-            fp_frames: vec![],
-            stack: vec![0; STACK_COPY_MAX],
-        };
+        let sample = || own_sample(pc, STACK_COPY_MAX);
         let each = job_bytes(&sample());
         let mut r = StackResolver::new(8).with_backlog_limit(2 * each);
         let kept = [
@@ -588,17 +579,7 @@ mod tests {
     /// queued is sent when its text is asked for, and each text is its own job's.
     #[test]
     fn batched_jobs_each_get_their_own_text() {
-        let sample = |ip| StackSample {
-            pid: std::process::id(),
-            tid: 0,
-            ts_ns: 0,
-            ip,
-            sp: 0,
-            fp: 0,
-            lr: 0,
-            fp_frames: vec![],
-            stack: vec![],
-        };
+        let sample = |ip| own_sample(ip, 0);
         let a = resolves_our_own_stack_through_the_worker as fn() as usize as u64;
         let b = parses_a_stack_record_and_rejects_others as fn() as usize as u64;
         let mut r = StackResolver::new(8);
