@@ -291,10 +291,14 @@ impl Session {
             leaks: Vec::new(),
             reported: Counters::default(),
             child_status: None,
-            stacks: stack_depth.map(|depth| match agent {
+            stacks: stack_depth.map(|depth| {
+                let resolver = StackResolver::new(depth);
                 // The node agent runs on: what waits for the unwinder stays bounded.
-                true => StackResolver::new(depth).with_backlog_limit(AGENT_STACK_BACKLOG),
-                false => StackResolver::new(depth),
+                if agent {
+                    resolver.with_backlog_limit(AGENT_STACK_BACKLOG)
+                } else {
+                    resolver
+                }
             }),
             pending_stacks: HashMap::default(),
             python,

@@ -763,13 +763,19 @@ fn load_tracing(
         ("process_exec", "sched", "sched_process_exec"),
         ("process_exit", "sched", "sched_process_exit"),
     ] {
-        let tp: &mut TracePoint = program(&mut ebpf, prog)?.try_into()?;
-        tp.load()
-            .with_context(|| format!("verifier rejected {prog}"))?;
-        tp.attach(category, name)
-            .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
+        attach_tracepoint(&mut ebpf, prog, category, name)?;
     }
     Ok(ebpf)
+}
+
+/// Loads program `prog` and attaches it to tracepoint `category/name`.
+fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<()> {
+    let tp: &mut TracePoint = program(ebpf, prog)?.try_into()?;
+    tp.load()
+        .with_context(|| format!("verifier rejected {prog}"))?;
+    tp.attach(category, name)
+        .with_context(|| format!("cannot attach tracepoint {category}/{name}"))?;
+    Ok(())
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; raising it is harmless on newer ones.

@@ -4,12 +4,9 @@
 //! syscall basic`: docs/benchmark-notes.md, session 16).
 
 use anyhow::{Context, Result};
-use aya::{
-    Btf, Ebpf,
-    programs::{FExit, TracePoint},
-};
+use aya::{Btf, Ebpf, programs::FExit};
 
-use super::program;
+use super::{attach_tracepoint, program};
 
 /// Environment variable that keeps library discovery on the `openat` tracepoints where the
 /// kernel has fexit programs too (tests of the older kernels' path).
@@ -33,16 +30,8 @@ pub(super) fn attach(ebpf: &mut Ebpf, kernel_btf: Option<&Btf>) -> Result<&'stat
     crate::log::debug(&format!(
         "library discovery on the openat tracepoints ({why})"
     ));
-    for (prog, name) in [
-        ("enter_openat", "sys_enter_openat"),
-        ("exit_openat", "sys_exit_openat"),
-    ] {
-        let tp: &mut TracePoint = program(ebpf, prog)?.try_into()?;
-        tp.load()
-            .with_context(|| format!("verifier rejected {prog}"))?;
-        tp.attach("syscalls", name)
-            .with_context(|| format!("cannot attach tracepoint syscalls/{name}"))?;
-    }
+    attach_tracepoint(ebpf, "enter_openat", "syscalls", "sys_enter_openat")?;
+    attach_tracepoint(ebpf, "exit_openat", "syscalls", "sys_exit_openat")?;
     Ok("openat tracepoints")
 }
 

@@ -36,7 +36,7 @@ impl Bpf {
         if self.noop_lib.is_some() {
             names.extend(names_of(NOOP_PROGRAMS));
         }
-        names.dedup();
+        // A name given twice is loaded by then: skipped with the loaded ones.
         for name in names {
             if self.multi.as_ref().is_some_and(|m| m.has(name)) {
                 continue;
