@@ -12,7 +12,7 @@ use object::{Object, ObjectSection, ReadCache, ReadRef};
 
 use super::{
     ObjectInfo, SourceFrame,
-    read::{DwarfReader, PreadFile, Source},
+    read::{DwarfReader, PreadFile, Source, section_bytes},
 };
 use crate::demangle::demangle;
 
@@ -27,7 +27,7 @@ fn dwarf_of<'d, R: ReadRef<'d>>(data: R) -> Result<gimli::Dwarf<DwarfReader>> {
         let data: Cow<'_, [u8]> = file
             .section_by_name(id.name())
             .filter(|s| s.kind() != object::SectionKind::UninitializedData)
-            .and_then(|s| s.uncompressed_data().ok())
+            .and_then(|s| section_bytes(&s))
             .unwrap_or(Cow::Borrowed(&[]));
         Ok(gimli::EndianArcSlice::new(Arc::from(&*data), endian))
     };

@@ -3,6 +3,7 @@
 //! sections, build-id and debuglink.
 
 use std::{
+    borrow::Cow,
     fs::File,
     io::{self, Read, Seek, SeekFrom},
     os::unix::fs::FileExt,
@@ -123,7 +124,7 @@ fn parts_of<'d, R: ReadRef<'d>>(data: R) -> Result<Parts> {
         p.cfi.eh_frame = Some((s.address(), Arc::from(d)));
     }
     if let Some(s) = loaded(".debug_frame")
-        && let Ok(d) = s.uncompressed_data()
+        && let Some(d) = section_bytes(&s)
         && !d.is_empty()
     {
         p.cfi.debug_frame = Some(Arc::from(&*d));
@@ -136,6 +137,23 @@ fn parts_of<'d, R: ReadRef<'d>>(data: R) -> Result<Parts> {
             .section_by_name(".debug_info")
             .is_some_and(|s| s.file_range().is_some_and(|(_, size)| size > 0));
     Ok(p)
+}
+
+/// Deflate expands 1 byte to at most ~1032; a compressed section that claims more is corrupt
+/// (the fuzzer's claimed terabytes, whose allocation aborted the process).
+const MAX_INFLATION: u64 = 1032;
+
+/// A section's bytes, decompressed when the file compresses it; None for a compressed section
+/// whose stated size is more than its data could hold.
+pub(crate) fn section_bytes<'d, S: ObjectSection<'d>>(section: &S) -> Option<Cow<'d, [u8]>> {
+    let compressed = section.compressed_data().ok()?;
+    if compressed.format != object::CompressionFormat::None
+        && compressed.uncompressed_size
+            > (compressed.data.len() as u64).saturating_mul(MAX_INFLATION)
+    {
+        return None;
+    }
+    compressed.decompress().ok()
 }
 
 pub(crate) fn parts(source: &Source) -> Result<Parts> {
@@ -160,5 +178,35 @@ pub(crate) fn build_id_of(source: &Source) -> Option<Vec<u8>> {
             file: f.clone(),
             pos: 0,
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzzer's input whose compressed DWARF section claims ~terabytes: refused before any
+    /// allocation (the allocation aborted the fuzzer), while the file's other sections read.
+    #[test]
+    fn a_compressed_section_claiming_more_than_it_can_hold_is_refused() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/fuzz-regressions/dwarf-section-claims-terabytes.bin"
+        );
+        let data = std::fs::read(path).unwrap();
+        let file = object::File::parse(&data[..]).unwrap();
+        let mut refused = 0;
+        let mut read = 0;
+        for s in file.sections() {
+            let c = s.compressed_data().unwrap();
+            let claims_too_much = c.format != object::CompressionFormat::None
+                && c.uncompressed_size > c.data.len() as u64 * MAX_INFLATION;
+            match section_bytes(&s) {
+                None if claims_too_much => refused += 1,
+                Some(_) if !claims_too_much => read += 1,
+                other => panic!("{:?}: {:?}", s.name(), other.map(|d| d.len())),
+            }
+        }
+        assert!(refused >= 1 && read >= 1, "refused {refused}, read {read}");
     }
 }
