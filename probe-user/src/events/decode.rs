@@ -350,6 +350,9 @@ pub enum Decoded {
         tid: u32,
         path_hash: u64,
         cgroup: u64,
+        /// Opened for writing (probe-ebpf's `shared_object_open` sends no name hash then): a
+        /// file being made or rewritten, not loaded.
+        for_writing: bool,
     },
 }
 
@@ -491,6 +494,7 @@ pub fn decode(raw: &RawEvent) -> Option<Decoded> {
             tid: raw.tid,
             path_hash: raw.args[1],
             cgroup: raw.args[3],
+            for_writing: raw.args[2] == 0,
         }),
         _ => None,
     }

@@ -346,8 +346,20 @@ impl Session {
         flush_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_rescan = Instant::now();
         let mut last_progress = Instant::now();
+        let written = match self.bpf.written_files_fd() {
+            // SAFETY: the registration owns the descriptor and is dropped with it.
+            Some(fd) => Some(unsafe { AsyncFd::register(fd)? }),
+            None => None,
+        };
         let end = loop {
             tokio::select! {
+                guard = readable(&written) => {
+                    if let Ok(mut guard) = guard {
+                        guard.clear_ready();
+                    }
+                    self.files_written();
+                    self.print_planner_messages();
+                }
                 guard = ring.readable_mut() => {
                     let mut guard = guard?;
                     // Cleared before reading, not after: a record whose wakeup came between
@@ -570,6 +582,31 @@ impl Session {
         Ok(())
     }
 
+    /// Watched files written in place lost their probes (`trace::bpf` `changes.rs`): the
+    /// planner forgets them, so the next open or mapping of each plans it anew.
+    fn files_written(&mut self) {
+        for file in self.bpf.drop_written_files() {
+            self.planner.forget_file(&mut self.bpf, file.inode);
+            if let Some(holds) = &mut self.bpf.holds {
+                holds.forget_cleared();
+            }
+            if file.links == 0 {
+                log::debug(&format!(
+                    "{} was written to: planned again at its next open or mapping",
+                    file.path.display()
+                ));
+                continue;
+            }
+            log::warn(&format!(
+                "{} was written to while probed: its probes are removed ({} link(s); the \
+                 kernel would run the old file's instructions at them in every process that \
+                 maps the new one); it is probed again at its next open or mapping",
+                file.path.display(),
+                file.links
+            ));
+        }
+    }
+
     /// The agent's hold of `pid` (thread `tid`) at an open is over: its probes are in place.
     /// Continues it unless the watchdog did, or another tracer still holds it (`trace::hold`).
     fn release_hold(&mut self, pid: u32, tid: u32, path_hash: u64, cgroup: u64, ts_mono: u64) {
@@ -682,6 +719,16 @@ fn raise_consumer_priority() {
 const CONSUMER_NICE: libc::c_int = -10;
 /// While planning in the background (`Session::plan_later`): the target's own.
 const BACKGROUND_NICE: libc::c_int = 0;
+
+/// Waits until `fd` is readable; never, without one.
+async fn readable(
+    fd: &Option<AsyncFd<std::os::fd::OwnedFd>>,
+) -> std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, std::os::fd::OwnedFd>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Whether records wait in the ring (any: the poll looks at the data, not at wakeups).
 fn records_wait(ring: &RingBuf<MapData>) -> bool {

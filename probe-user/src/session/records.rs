@@ -76,12 +76,19 @@ impl Session {
                     tid,
                     path_hash,
                     cgroup,
+                    for_writing,
                 } => {
                     if let Some(r) = &mut self.stacks {
                         r.invalidate(*pid);
                     }
                     self.kernel_names.invalidate(*pid);
-                    let mut planned = self.planner.on_open(&mut self.bpf, *pid, *dfd, path);
+                    // A file being written is planned when a process opens it to load it
+                    // (planned now, its half-written contents would pass for the file's).
+                    let mut planned = if *for_writing {
+                        Ok(())
+                    } else {
+                        self.planner.on_open(&mut self.bpf, *pid, *dfd, path)
+                    };
                     if *stopped && planned.is_ok() {
                         planned = self.planner.plan_ahead_at_stop(&mut self.bpf);
                     }
@@ -93,8 +100,10 @@ impl Session {
                             path.display(),
                             clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(*ts_mono) as f64 / 1e6
                         ));
-                        self.bpf
-                            .mark_known_path(path.as_os_str().as_encoded_bytes());
+                        if !*for_writing {
+                            self.bpf
+                                .mark_known_path(path.as_os_str().as_encoded_bytes());
+                        }
                     }
                     if *stopped && self.bpf.holds.is_some() {
                         // Held, so alive: its mappings so far (the libraries opened before

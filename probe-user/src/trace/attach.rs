@@ -49,6 +49,8 @@ pub struct Planner {
     /// file), so one file reached by many paths (mount namespaces, bind mounts) is probed once.
     seen_files: HashSet<FileId>,
     seen_paths: HashSet<PathBuf>,
+    /// The paths (as we see them, as the target names them) each file was considered by.
+    paths_of: HashMap<(u64, u64), Vec<(PathBuf, PathBuf)>>,
     /// DT_NEEDED names already followed: the loader opens a name once per process (later
     /// objects needing it bind to the loaded one), so a stop need not resolve it again.
     needed_seen: HashSet<String>,
@@ -92,6 +94,7 @@ impl Planner {
             explicit,
             seen_files: HashSet::new(),
             seen_paths: HashSet::new(),
+            paths_of: HashMap::new(),
             needed_seen: HashSet::new(),
             later: siblings::Siblings::default(),
             elf_cache: HashMap::new(),
@@ -489,6 +492,8 @@ impl Planner {
         explicit: bool,
     ) -> Result<()> {
         self.load_specs(bpf)?;
+        // A `--lib` file planned again (it was written in place) is still the user's.
+        let explicit = explicit || self.explicit.iter().any(|e| e == shown);
         self.seen_paths.insert(host.to_path_buf());
         let meta = match fs::metadata(host) {
             Ok(m) => m,
@@ -500,7 +505,11 @@ impl Planner {
                 return Ok(());
             }
         };
-        if !meta.is_file() || !self.seen_files.insert(FileId::of(&meta)) {
+        if !meta.is_file() {
+            return Ok(());
+        }
+        self.considered_by(bpf, &meta, (host, shown), explicit);
+        if !self.seen_files.insert(FileId::of(&meta)) {
             return Ok(());
         }
         let obj = match self.parse_with(host, &meta) {

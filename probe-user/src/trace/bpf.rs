@@ -3,13 +3,13 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         RawTracePoint, RawTracePointRunOptions, TestRun, TracePoint, UProbe,
-        uprobe::{UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use probe_common::{ProbeSpec, TracepointOffsets, counter};
@@ -17,12 +17,15 @@ use probe_common::{ProbeSpec, TracepointOffsets, counter};
 use crate::trace::bpf_log;
 use crate::trace::multi_uprobe::{self, MultiPrograms};
 pub use crate::trace::scope::{SCOPE_ENV, Scope, probe_scope};
+pub use changes::{ChangedFile, FileInode};
 pub use discovery::OPEN_TRACEPOINTS_ENV;
 pub use preload::REFUSED_ENTRY_ENV;
 
+mod changes;
 mod detach;
 mod discovery;
 pub(crate) mod preload;
+mod python;
 #[cfg(test)]
 mod stack_budget;
 mod stack_choice;
@@ -83,8 +86,12 @@ type Point = (u64, u64);
 struct ScopedRequest {
     prog: &'static str,
     path: std::path::PathBuf,
+    inode: Option<FileInode>,
     points: Vec<(u64, u64)>,
 }
+
+/// A multi-uprobe link, with the file it is on (`changes.rs`).
+type Link = (Option<FileInode>, std::os::fd::OwnedFd);
 
 const PROGRAMS: UprobePrograms = (
     "call_entry",
@@ -117,11 +124,15 @@ pub struct Bpf {
     /// The uprobe programs loaded for multi-uprobe links; None: per-probe perf links.
     multi: Option<MultiPrograms>,
     /// Multi-uprobe links (perf links stay owned by aya's programs).
-    links: Vec<std::os::fd::OwnedFd>,
+    links: Vec<Link>,
+    /// Perf links, by file and program, so a file written in place loses them.
+    perf_links: Vec<(Option<FileInode>, &'static str, UProbeLinkId)>,
+    /// Probed files watched for writes.
+    changes: changes::ChangeWatch,
     /// What `Scope::Traced` attached, for processes that join later.
     scoped_requests: Vec<ScopedRequest>,
     /// Multi-uprobe links of each process in scope (`Scope::Traced`).
-    process_links: std::collections::HashMap<u32, Vec<std::os::fd::OwnedFd>>,
+    process_links: std::collections::HashMap<u32, Vec<Link>>,
     /// The link on each Python process's `code_dealloc` (`watch_code_deaths`).
     code_gone_links: std::collections::HashMap<u32, std::os::fd::OwnedFd>,
     /// Threads closing links of processes that left; joined before the tracer exits.
@@ -207,6 +218,8 @@ impl Bpf {
             batching: false,
             multi,
             links: Vec::new(),
+            perf_links: Vec::new(),
+            changes: changes::ChangeWatch::new(),
             scoped_requests: Vec::new(),
             process_links: Default::default(),
             code_gone_links: Default::default(),
@@ -341,6 +354,10 @@ impl Bpf {
         // `/proc/PID/root/...` stops resolving when PID exits; a path as we see it does not.
         let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         let path = canonical.as_path();
+        let inode = FileInode::of(path);
+        if let Some(inode) = inode {
+            self.changes.watch(path, inode);
+        }
         if scope == Scope::Traced {
             let pids: Vec<u32> = self.process_links.keys().copied().collect();
             for pid in pids {
@@ -349,6 +366,7 @@ impl Bpf {
             self.scoped_requests.push(ScopedRequest {
                 prog,
                 path: path.to_path_buf(),
+                inode,
                 points: points.to_vec(),
             });
             return Ok(());
@@ -361,7 +379,7 @@ impl Bpf {
             };
             match multi.attach(prog, is_return, path, points, pid) {
                 Ok(link) => {
-                    self.links.push(link);
+                    self.links.push((inode, link));
                     return Ok(());
                 }
                 Err(e) if self.links.is_empty() => {
@@ -395,12 +413,13 @@ impl Bpf {
                 cookie: Some(cookie),
             };
             // Links stay owned by the program; see `detach_in_background` for teardown.
-            up.attach(point, path, aya_scope).with_context(|| {
+            let id = up.attach(point, path, aya_scope).with_context(|| {
                 format!(
                     "cannot attach {prog} at {}+{file_offset:#x}",
                     path.display()
                 )
             })?;
+            self.perf_links.push((inode, prog, id));
         }
         Ok(())
     }
@@ -417,6 +436,7 @@ impl Bpf {
             let is_return = RETURN_PROGRAMS.contains(&prog);
             match multi.attach(prog, is_return, path, points, pid) {
                 Ok(link) => {
+                    let link = (FileInode::of(path), link);
                     self.process_links.entry(pid).or_default().push(link);
                     return Ok(());
                 }
@@ -513,15 +533,20 @@ impl Bpf {
         self.traced.keys().filter_map(Result::ok).collect()
     }
 
-    /// Marks a shared-object path (as a target would pass it to openat) as planned, so opening
-    /// it does not stop the process (launch mode).
     /// A map of the loaded object that no other part took.
     pub fn take_map(&mut self, name: &str) -> Result<aya::maps::Map> {
         take_map(&mut self.ebpf, name)
     }
 
+    /// Marks a shared-object path (as a target would pass it to openat) as planned, so opening
+    /// it does not stop the process (launch mode).
     pub fn mark_known_path(&mut self, path: &[u8]) {
         let _ = self.known_paths.insert(probe_common::path_hash(path), 1, 0);
+    }
+
+    /// Undoes [`Bpf::mark_known_path`]: the file there must be planned again.
+    pub fn forget_known_path(&mut self, path: &[u8]) {
+        let _ = self.known_paths.remove(&probe_common::path_hash(path));
     }
 
     pub fn forget_process(&mut self, pid: u32) {
@@ -532,44 +557,9 @@ impl Bpf {
         let _ = self.traced_gen.set(0, self.generation, 0);
     }
 
-    /// Tells the BPF side where `pid`'s CPython keeps its frames (`--call-stack=python`).
-    pub fn set_python_process(&mut self, pid: u32, layout: &probe_common::PyProcess) -> Result<()> {
-        let mut map: HashMap<&mut MapData, u32, probe_common::PyProcess> = HashMap::try_from(
-            self.ebpf
-                .map_mut("PY_PROCS")
-                .ok_or_else(|| anyhow!("BPF map PY_PROCS missing"))?,
-        )?;
-        map.insert(pid, *layout, 0)
-            .with_context(|| format!("cannot store the Python layout of pid {pid}"))
-    }
-
-    /// Puts `py_code_gone` on `pid`'s `code_dealloc`, at `file_offset` of `path` (a
-    /// multi-uprobe link for that process only; none where the kernel has no such links).
-    pub fn watch_code_deaths(&mut self, pid: u32, path: &Path, file_offset: u64) -> Result<()> {
-        let Some(multi) = &self.multi else {
-            bail!("no multi-uprobe links");
-        };
-        let link = multi
-            .attach("py_code_gone", false, path, &[(file_offset, 0)], pid)
-            .with_context(|| format!("cannot probe {}+{file_offset:#x}", path.display()))?;
-        self.unwatch_code_deaths(pid);
-        self.code_gone_links.insert(pid, link);
-        Ok(())
-    }
-
     /// A map by name, for modules that own their maps (the agent's stack sampling).
     pub fn map_mut(&mut self, name: &str) -> Option<&mut aya::maps::Map> {
         self.ebpf.map_mut(name)
-    }
-
-    /// `pid` exited or exec'd: its interpreter is gone.
-    pub fn forget_python_process(&mut self, pid: u32) {
-        self.unwatch_code_deaths(pid);
-        if let Some(m) = self.ebpf.map_mut("PY_PROCS")
-            && let Ok(mut map) = HashMap::<&mut MapData, u32, probe_common::PyProcess>::try_from(m)
-        {
-            let _ = map.remove(&pid);
-        }
     }
 
     /// The CPUs `flush_call_batches` visits.

@@ -75,6 +75,15 @@ impl Holds {
         registry.take(tid)
     }
 
+    /// Every path holds again at its next open in each cgroup: a probed file was written in
+    /// place and lost its probes, and it may be at any of the paths cleared.
+    pub fn forget_cleared(&mut self) {
+        let keys: Vec<u64> = self.cleared.keys().filter_map(Result::ok).collect();
+        for key in keys {
+            let _ = self.cleared.remove(&key);
+        }
+    }
+
     /// Whether `name` (a file name) holds at its open: for tests and the debug log.
     pub fn holds_name(&self, name: &str) -> bool {
         self.names

@@ -487,9 +487,15 @@ pub struct Background {
 
 impl Background {
     pub fn spawn(args: &[&str]) -> Background {
+        Self::spawn_with_env(args, &[])
+    }
+
+    /// As `spawn`, with `env` set for the tracer.
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Background {
         use std::io::BufRead;
         let mut child = Command::new(TRACER)
             .env_remove("SUDO_UID")
+            .envs(env.iter().copied())
             .args(args)
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -3,6 +3,9 @@
 //! planner's cache of parsed ELF objects keyed by it.
 
 use super::{Planner, planner_lookup};
+use crate::trace::bpf::{Bpf, FileInode};
+use crate::trace::probes::{self, KNOWN_LIBRARIES};
+use crate::trace::torch_npu;
 use anyhow::Result;
 use memscope_symbols::ElfObject;
 use std::collections::HashMap;
@@ -119,6 +122,48 @@ impl FileId {
 }
 
 impl Planner {
+    /// Remembers that `host` (`shown` to the target) is the file of `meta`, for
+    /// `forget_file`. A vendor library's file is watched for writes even if it gets no probes.
+    pub(super) fn considered_by(
+        &mut self,
+        bpf: &mut Bpf,
+        meta: &fs::Metadata,
+        (host, shown): (&Path, &Path),
+        explicit: bool,
+    ) {
+        let paths = self.paths_of.entry((meta.dev(), meta.ino())).or_default();
+        if paths.iter().any(|(h, s)| h == host && s == shown) {
+            return;
+        }
+        paths.push((host.to_path_buf(), shown.to_path_buf()));
+        let name = shown.file_name().unwrap_or_default().to_string_lossy();
+        let vendor = KNOWN_LIBRARIES
+            .iter()
+            .any(|lib| probes::library_matches(&name, lib))
+            || torch_npu::is_library(&name);
+        if explicit || vendor {
+            bpf.watch_file(host);
+        }
+    }
+
+    /// A watched file written in place (`bpf/changes.rs`), its probes gone: everything known of
+    /// it goes, so the next open or mapping of any of its paths plans it again, and in launch
+    /// mode stops the process until then.
+    pub fn forget_file(&mut self, bpf: &mut Bpf, inode: FileInode) {
+        let this = |id: &FileId| id.dev == inode.dev && id.ino == inode.ino;
+        self.seen_files.retain(|id| !this(id));
+        self.elf_cache.retain(|(id, _), _| !this(id));
+        self.torch_npu_sites.retain(|id, _| !this(id));
+        for (host, shown) in self
+            .paths_of
+            .remove(&(inode.dev, inode.ino))
+            .unwrap_or_default()
+        {
+            self.seen_paths.remove(&host);
+            bpf.forget_known_path(shown.as_os_str().as_bytes());
+        }
+    }
+
     pub(super) fn ld_cache(&mut self) -> &HashMap<String, PathBuf> {
         self.ld_cache.get_or_insert_with(read_ld_cache)
     }

@@ -28,8 +28,11 @@ impl Bpf {
         self.unlinking.retain(|t| !t.is_finished());
         self.unwatch_code_deaths(pid);
         if let Some(links) = self.process_links.remove(&pid) {
-            self.unlinking
-                .extend(links.into_iter().filter_map(close_in_background));
+            self.unlinking.extend(
+                links
+                    .into_iter()
+                    .filter_map(|(_, link)| close_in_background(link)),
+            );
         }
     }
 
@@ -45,8 +48,15 @@ impl Bpf {
     /// so that the grace periods the kernel waits for overlap (~one in all, not one per link).
     fn close_links(&mut self) {
         let started = std::time::Instant::now();
-        let mut links = std::mem::take(&mut self.links);
-        links.extend(self.process_links.drain().flat_map(|(_, links)| links));
+        let mut links: Vec<_> = std::mem::take(&mut self.links)
+            .into_iter()
+            .map(|(_, link)| link)
+            .collect();
+        links.extend(
+            self.process_links
+                .drain()
+                .flat_map(|(_, links)| links.into_iter().map(|(_, link)| link)),
+        );
         links.extend(self.code_gone_links.drain().map(|(_, link)| link));
         let count = links.len() + self.unlinking.len();
         self.unlinking
@@ -110,7 +120,9 @@ impl Drop for Bpf {
 }
 
 /// Closes `link` on a thread of its own (`None`: no thread could be made, and it is closed here).
-fn close_in_background(link: std::os::fd::OwnedFd) -> Option<std::thread::JoinHandle<()>> {
+pub(super) fn close_in_background(
+    link: std::os::fd::OwnedFd,
+) -> Option<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("unlink".into())
         .spawn(move || drop(link))
