@@ -120,6 +120,17 @@ pub const VM_TESTS: &[VmTest] = &[
         torch: false,
     },
     VmTest {
+        // A probed library written in place loses its probes (the kernel would keep running
+        // the old file's copied instructions) and is planned again at its next open, through
+        // multi-uprobe and perf links. (The agent's test needs an agent, which the emulated
+        // VM does not get ready within the test's two minutes.)
+        label: "rewritten-library",
+        bin: "rewritten_library",
+        fixtures: Fixtures::Plain,
+        tests: &["a_session_plans_a_library_written_in_place_again"],
+        torch: false,
+    },
+    VmTest {
         label: "stacks",
         bin: "stacks",
         fixtures: Fixtures::Plain,

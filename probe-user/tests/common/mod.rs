@@ -497,6 +497,8 @@ impl Background {
             .env_remove("SUDO_UID")
             .envs(env.iter().copied())
             .args(args)
+            // A target's own output would land amid the test harness's result lines.
+            .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start memscope-bpf");
