@@ -134,6 +134,25 @@ pub const VM_TESTS: &[VmTest] = &[
         torch: false,
     },
     VmTest {
+        // The node agent on arm64 (Ascend hosts): each workload's live bytes, allocation
+        // counts and leak flag in /metrics against its log (the tests that also need
+        // `go tool pprof`, Prometheus or a host python stay on x86-64).
+        label: "agent-metrics",
+        bin: "agent",
+        fixtures: Fixtures::Plain,
+        tests: &["agent_metrics_match_each_workloads_log_and_flag_only_the_leak"],
+        torch: false,
+    },
+    VmTest {
+        // The agent's hold beside a launch session: both hold the job at its open of the
+        // HAL, both see all 12 of its allocations.
+        label: "agent-hold",
+        bin: "agent_hold",
+        fixtures: Fixtures::Plain,
+        tests: &["a_default_agent_leaves_a_launch_session_whole"],
+        torch: false,
+    },
+    VmTest {
         label: "stacks",
         bin: "stacks",
         fixtures: Fixtures::Plain,
