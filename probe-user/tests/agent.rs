@@ -115,15 +115,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Lets a gated workload go however the test ends (it polls for the file).
-struct GoOnDrop(PathBuf);
-
-impl Drop for GoOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.0, b"");
-    }
-}
-
 impl Agent {
     fn start(extra: &[&str]) -> Agent {
         let lib = fixtures().join("lib");

@@ -23,13 +23,6 @@ fn metrics(agent: &TestAgent) -> Samples {
     samples(&body)
 }
 
-/// A per-process series' value, if the agent has one for `pid`.
-fn of_pid(m: &Samples, name: &str, pid: u32) -> Option<f64> {
-    m.iter()
-        .find(|(n, l, _)| n == name && l.get("pid") == Some(&pid.to_string()))
-        .map(|(_, _, v)| *v)
-}
-
 /// A label-free series' value (0 when absent).
 fn global(m: &Samples, name: &str) -> f64 {
     m.iter()
@@ -858,14 +851,6 @@ fn a_default_agent_leaves_a_launch_session_whole() {
         "the agent never held {pid}:\n{text}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// The "PID n" line a fixture workload prints first.
-fn job_pid(stdout: &[u8]) -> u32 {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
-        .expect("PID line")
 }
 
 /// Two agents with their defaults on one node (a second one started by hand, or two

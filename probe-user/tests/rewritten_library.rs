@@ -55,22 +55,13 @@ fn run_job(
         .arg(&log)
         .output()
         .expect("run workload_dlopen");
-    let pid = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
-        .expect("PID line");
-    (pid, out.status.code(), log)
+    (job_pid(&out.stdout), out.status.code(), log)
 }
 
 fn allocations_of(agent: &TestAgent, pid: u32) -> Option<f64> {
     let (status, body) = get(&agent.addr, "/metrics").expect("GET /metrics");
     assert_eq!(status, 200);
-    samples(&body)
-        .into_iter()
-        .find(|(n, l, _)| {
-            n == "memscope_allocations_total" && l.get("pid") == Some(&pid.to_string())
-        })
-        .map(|(_, _, v)| v)
+    of_pid(&samples(&body), "memscope_allocations_total", pid)
 }
 
 /// The agent's probes are system-wide and last as long as it runs: an update of a library in
@@ -167,7 +158,7 @@ fn a_session_plans_a_library_written_in_place_again() {
         );
         // Passing or not, the program goes through its gate at the end, and the session
         // with it.
-        let _gate = OpenAtEnd(&gate);
+        let _gate = GoOnDrop(gate.clone());
         let pid = session.target_pid();
         session.wait_for(&format!("pid {pid} resumed after attaching"), 60);
         write_in_place(&hal, &stand_in);
@@ -194,13 +185,4 @@ fn a_session_plans_a_library_written_in_place_again() {
         }
     }
     fs::remove_dir_all(&root).unwrap();
-}
-
-/// Creates the file a program waits for when dropped.
-struct OpenAtEnd<'a>(&'a Path);
-
-impl Drop for OpenAtEnd<'_> {
-    fn drop(&mut self) {
-        let _ = fs::write(self.0, b"");
-    }
 }

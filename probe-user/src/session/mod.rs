@@ -585,11 +585,14 @@ impl Session {
     /// Watched files written in place lost their probes (`trace::bpf` `changes.rs`): the
     /// planner forgets them, so the next open or mapping of each plans it anew.
     fn files_written(&mut self) {
-        for file in self.bpf.drop_written_files() {
+        let written = self.bpf.drop_written_files();
+        if let Some(holds) = &mut self.bpf.holds
+            && !written.is_empty()
+        {
+            holds.forget_cleared();
+        }
+        for file in written {
             self.planner.forget_file(&mut self.bpf, file.inode);
-            if let Some(holds) = &mut self.bpf.holds {
-                holds.forget_cleared();
-            }
             if file.links == 0 {
                 log::debug(&format!(
                     "{} was written to: planned again at its next open or mapping",

@@ -22,7 +22,7 @@ pub use files::find_program;
 pub use files::script_interpreter;
 
 use crate::trace::aclnn;
-use crate::trace::bpf::{Bpf, Scope};
+use crate::trace::bpf::{Bpf, FileInode, Scope};
 use crate::trace::probes::{Home, KNOWN_LIBRARIES, PROBES};
 use crate::trace::{placement, probes, torch_npu};
 use anyhow::Result;
@@ -50,7 +50,7 @@ pub struct Planner {
     seen_files: HashSet<FileId>,
     seen_paths: HashSet<PathBuf>,
     /// The paths (as we see them, as the target names them) each file was considered by.
-    paths_of: HashMap<(u64, u64), Vec<(PathBuf, PathBuf)>>,
+    paths_of: HashMap<FileInode, Vec<(PathBuf, PathBuf)>>,
     /// DT_NEEDED names already followed: the loader opens a name once per process (later
     /// objects needing it bind to the loaded one), so a stop need not resolve it again.
     needed_seen: HashSet<String>,
@@ -128,7 +128,7 @@ impl Planner {
     /// Libraries given with `--lib`.
     pub fn attach_explicit(&mut self, bpf: &mut Bpf) -> Result<()> {
         for lib in self.explicit.clone() {
-            self.consider(bpf, &lib, &lib, true)?;
+            self.consider(bpf, &lib, &lib)?;
         }
         Ok(())
     }
@@ -202,7 +202,7 @@ impl Planner {
         let first_time = !self.seen_paths.contains(&full);
         // A process that opens a queued object before its turn is ahead of the queue.
         self.later.opened(&full);
-        self.consider(bpf, &full, path, false)?;
+        self.consider(bpf, &full, path)?;
         if first_time && let Some(obj) = self.parse(&full) {
             // The loader opens its dependencies next, and each unplanned one would stop the
             // process again (launch mode): plan them while it is held for this one.
@@ -228,7 +228,7 @@ impl Planner {
         if !self.later.list_next()
             && let Some((host, shown)) = self.later.pop()
         {
-            self.consider(bpf, &host, &shown, false)?;
+            self.consider(bpf, &host, &shown)?;
         }
         if self.later.is_empty()
             && let Some(since) = self.later.since.take()
@@ -319,7 +319,7 @@ impl Planner {
                 runpaths.extend(expand_origin(&obj.runpath, path));
                 runpaths.extend(expand_origin(&obj.rpath, path));
             }
-            self.consider(bpf, &host, path, false)?;
+            self.consider(bpf, &host, path)?;
         }
         Ok(())
     }
@@ -355,7 +355,7 @@ impl Planner {
             let Some(obj) = self.parse(&host) else {
                 continue;
             };
-            self.consider(bpf, &host, &shown, false)?;
+            self.consider(bpf, &host, &shown)?;
             let runpath = expand_origin(&obj.runpath, &shown);
             let rpath = if obj.runpath.is_empty() {
                 expand_origin(&obj.rpath, &shown)
@@ -416,7 +416,7 @@ impl Planner {
                 let shown = dir.join(name);
                 let host = env.host_path(&shown);
                 if host.is_file() {
-                    self.consider(bpf, &host, &shown, false)?;
+                    self.consider(bpf, &host, &shown)?;
                 }
             }
         }
@@ -467,33 +467,21 @@ impl Planner {
     /// then marks `shown` planned: opening it needs no stop from then on (launch mode), so
     /// the mark comes only once its probes are in place (the process may be running). A
     /// path considered before was marked then (`shown` follows from `host`), and marks are
-    /// never taken back: a second mark, a system call at each open of a planned object, is
-    /// not made.
-    pub fn consider(
-        &mut self,
-        bpf: &mut Bpf,
-        host: &Path,
-        shown: &Path,
-        explicit: bool,
-    ) -> Result<()> {
+    /// taken back only when its file is written in place (`forget_file`): a second mark, a
+    /// system call at each open of a planned object, is not made.
+    pub fn consider(&mut self, bpf: &mut Bpf, host: &Path, shown: &Path) -> Result<()> {
         let new_path = !self.seen_paths.contains(host);
-        let attached = self.attach_object(bpf, host, shown, explicit);
+        let attached = self.attach_object(bpf, host, shown);
         if new_path {
             bpf.mark_known_path(shown.as_os_str().as_bytes());
         }
         attached
     }
 
-    fn attach_object(
-        &mut self,
-        bpf: &mut Bpf,
-        host: &Path,
-        shown: &Path,
-        explicit: bool,
-    ) -> Result<()> {
+    fn attach_object(&mut self, bpf: &mut Bpf, host: &Path, shown: &Path) -> Result<()> {
         self.load_specs(bpf)?;
-        // A `--lib` file planned again (it was written in place) is still the user's.
-        let explicit = explicit || self.explicit.iter().any(|e| e == shown);
+        // A `--lib` file, at start or planned again (it was written in place).
+        let explicit = self.explicit.iter().any(|e| e == shown);
         self.seen_paths.insert(host.to_path_buf());
         let meta = match fs::metadata(host) {
             Ok(m) => m,
@@ -525,9 +513,7 @@ impl Planner {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let is_known = KNOWN_LIBRARIES
-            .iter()
-            .any(|lib| probes::library_matches(&file_name, lib));
+        let is_known = probes::is_known_library(&file_name);
         let mut symbols = Vec::new();
         // Probes of this object, batched so that each program gets one link per object.
         let mut entry_only: Vec<(u64, u64, &'static str)> = Vec::new();

@@ -767,6 +767,13 @@ pub fn expected_in(file_name: &str) -> Vec<&'static ProbeDef> {
         .collect()
 }
 
+/// Whether `file_name` is one of [`KNOWN_LIBRARIES`] (a versioned name too).
+pub fn is_known_library(file_name: &str) -> bool {
+    KNOWN_LIBRARIES
+        .iter()
+        .any(|lib| library_matches(file_name, lib))
+}
+
 /// `libascend_hal.so` matches `libascend_hal.so` and `libascend_hal.so.1.2`.
 pub fn library_matches(file_name: &str, lib: &str) -> bool {
     file_name == lib

@@ -147,3 +147,10 @@ pub fn samples(text: &str) -> Samples {
         })
         .collect()
 }
+
+/// A per-process series' value, if the agent has one for `pid`.
+pub fn of_pid(m: &Samples, name: &str, pid: u32) -> Option<f64> {
+    m.iter()
+        .find(|(n, l, _)| n == name && l.get("pid") == Some(&pid.to_string()))
+        .map(|(_, _, v)| *v)
+}

@@ -728,3 +728,20 @@ pub fn interpreters_of(minors: &[u32]) -> Vec<(String, PathBuf)> {
     }
     found
 }
+
+/// The "PID n" line a fixture workload prints first.
+pub fn job_pid(stdout: &[u8]) -> u32 {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("PID ")?.trim().parse().ok())
+        .expect("PID line")
+}
+
+/// Lets a gated workload go however the test ends (it polls for the file).
+pub struct GoOnDrop(pub PathBuf);
+
+impl Drop for GoOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, b"");
+    }
+}

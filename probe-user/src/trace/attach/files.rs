@@ -4,7 +4,7 @@
 
 use super::{Planner, planner_lookup};
 use crate::trace::bpf::{Bpf, FileInode};
-use crate::trace::probes::{self, KNOWN_LIBRARIES};
+use crate::trace::probes;
 use crate::trace::torch_npu;
 use anyhow::Result;
 use memscope_symbols::ElfObject;
@@ -131,17 +131,17 @@ impl Planner {
         (host, shown): (&Path, &Path),
         explicit: bool,
     ) {
-        let paths = self.paths_of.entry((meta.dev(), meta.ino())).or_default();
+        let inode = FileInode {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let paths = self.paths_of.entry(inode).or_default();
         if paths.iter().any(|(h, s)| h == host && s == shown) {
             return;
         }
         paths.push((host.to_path_buf(), shown.to_path_buf()));
         let name = shown.file_name().unwrap_or_default().to_string_lossy();
-        let vendor = KNOWN_LIBRARIES
-            .iter()
-            .any(|lib| probes::library_matches(&name, lib))
-            || torch_npu::is_library(&name);
-        if explicit || vendor {
+        if explicit || probes::is_known_library(&name) || torch_npu::is_library(&name) {
             bpf.watch_file(host);
         }
     }
@@ -154,11 +154,7 @@ impl Planner {
         self.seen_files.retain(|id| !this(id));
         self.elf_cache.retain(|(id, _), _| !this(id));
         self.torch_npu_sites.retain(|id, _| !this(id));
-        for (host, shown) in self
-            .paths_of
-            .remove(&(inode.dev, inode.ino))
-            .unwrap_or_default()
-        {
+        for (host, shown) in self.paths_of.remove(&inode).unwrap_or_default() {
             self.seen_paths.remove(&host);
             bpf.forget_known_path(shown.as_os_str().as_bytes());
         }

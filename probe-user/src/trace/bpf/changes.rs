@@ -146,14 +146,10 @@ impl ChangeWatch {
         if overflowed {
             // Events were lost: every watched file must be taken as written (rare: each
             // file's events merge, and a written file's watch goes at its first).
-            let all: Vec<FileInode> = self.by_inode.keys().copied().collect();
-            for inode in all {
-                if let Some(wd) = self.by_inode.get(&inode)
-                    && let Some(file) = self.by_wd.get(wd).cloned()
-                {
-                    self.unwatch(inode);
-                    written.push(file);
-                }
+            let all: Vec<(FileInode, PathBuf)> = self.by_wd.values().cloned().collect();
+            for file in all {
+                self.unwatch(file.0);
+                written.push(file);
             }
         }
         written
@@ -202,33 +198,25 @@ impl Bpf {
     /// Closes every link on `inode` (inode-wide, per process, perf links) and forgets the
     /// requests that would make them again for processes that join; returns how many.
     fn drop_file_probes(&mut self, inode: FileInode) -> usize {
-        let on = |i: &Option<FileInode>| *i == Some(inode);
-        let mut closing = Vec::new();
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
-            .into_iter()
-            .partition(|(i, _)| on(i));
-        self.links = kept;
-        closing.extend(gone.into_iter().map(|(_, link)| link));
+        let on = Some(inode);
+        let mut closing: Vec<_> = self.links.extract_if(.., |(i, _)| *i == on).collect();
         for links in self.process_links.values_mut() {
-            let (gone, kept): (Vec<_>, Vec<_>) =
-                std::mem::take(links).into_iter().partition(|(i, _)| on(i));
-            *links = kept;
-            closing.extend(gone.into_iter().map(|(_, link)| link));
+            closing.extend(links.extract_if(.., |(i, _)| *i == on));
         }
-        self.scoped_requests.retain(|r| !on(&r.inode));
+        self.scoped_requests.retain(|r| r.inode != on);
         let mut count = closing.len();
         // One thread per link, joined: the kernel's grace periods overlap.
         let threads: Vec<_> = closing
             .into_iter()
-            .filter_map(super::detach::close_in_background)
+            .filter_map(|(_, link)| super::detach::close_in_background(link))
             .collect();
         for t in threads {
             let _ = t.join();
         }
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.perf_links)
-            .into_iter()
-            .partition(|(i, _, _)| on(i));
-        self.perf_links = kept;
+        let gone: Vec<_> = self
+            .perf_links
+            .extract_if(.., |(i, _, _)| *i == on)
+            .collect();
         for (_, prog, id) in gone {
             if let Ok(up) = program(&mut self.ebpf, prog)
                 .and_then(|p| <&mut UProbe>::try_from(p).map_err(anyhow::Error::from))
